@@ -1,0 +1,176 @@
+"""The cluster as the Ansible inventory describes it.
+
+The inventory is read through ``ansible-inventory --list`` so that INI, YAML and inventory plugins
+all work, and so that provisioning and the CLI can never disagree about a host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EdgetrainError
+
+ARCHES = ("aarch64", "x86_64")
+RUNTIMES = ("host", "docker")
+DEVICE_GROUPS = ("rpi", "gpu")
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def default_inventory() -> Path:
+    return project_root() / "inventories" / "local"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    arch: str
+    slots: int
+    runtime: str
+    connection: str = "ssh"
+    user: str | None = None
+    port: int = 22
+    iface: str | None = None
+    image: str | None = None
+    groups: frozenset[str] = field(default_factory=frozenset)
+    vars: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+    @property
+    def is_gpu(self) -> bool:
+        return "gpu" in self.groups
+
+    @property
+    def device(self) -> str:
+        return "gpu" if self.is_gpu else "cpu"
+
+    @property
+    def ssh_target(self) -> str:
+        return f"{self.user}@{self.address}" if self.user else self.address
+
+
+@dataclass(frozen=True)
+class Inventory:
+    source: Path
+    hosts: tuple[Host, ...]
+
+    @property
+    def head(self) -> Host:
+        heads = [h for h in self.hosts if "head" in h.groups]
+        if len(heads) != 1:
+            raise EdgetrainError(
+                f"inventory {self.source} has {len(heads)} hosts in group 'head'",
+                "put exactly one host in 'head' (it runs mpirun and holds rank 0)",
+            )
+        return heads[0]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise EdgetrainError(f"no host {name!r} in inventory {self.source}")
+
+
+def _ansible_inventory_json(path: Path) -> dict:
+    exe = shutil.which("ansible-inventory")
+    if exe is None:
+        raise EdgetrainError("ansible-inventory is not on PATH", "install edgetrain with its dependencies (make setup)")
+    proc = subprocess.run(
+        [exe, "-i", str(path), "--list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true", "ANSIBLE_NOCOLOR": "1"},
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise EdgetrainError(f"cannot read inventory {path}: {last}", "check the file with: ansible-inventory -i PATH --list")
+    return json.loads(proc.stdout)
+
+
+def _group_hosts(data: dict, group: str, seen: set[str]) -> list[str]:
+    """Hosts of a group and its children, depth first, in the order the inventory lists them."""
+    entry = data.get(group, {})
+    names = [h for h in entry.get("hosts", []) if h not in seen]
+    seen.update(names)
+    for child in entry.get("children", []):
+        names += _group_hosts(data, child, seen)
+    return names
+
+
+def _memberships(data: dict) -> dict[str, set[str]]:
+    member: dict[str, set[str]] = {}
+
+    def walk(group: str, parents: tuple[str, ...]) -> None:
+        entry = data.get(group, {})
+        for h in entry.get("hosts", []):
+            member.setdefault(h, set()).update(parents + (group,))
+        for child in entry.get("children", []):
+            walk(child, parents + (group,))
+
+    walk("all", ())
+    return member
+
+
+def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
+    def fail(what: str) -> EdgetrainError:
+        return EdgetrainError(f"host {name} in {source}: {what}")
+
+    connection = str(hv.get("ansible_connection", "ssh"))
+    local = connection == "local"
+    arch = str(hv.get("edgetrain_arch") or (platform.machine() if local else ""))
+    if arch not in ARCHES:
+        raise fail(f"edgetrain_arch is {arch or 'missing'}; set it to one of {', '.join(ARCHES)}")
+    raw_slots = hv.get("edgetrain_slots", os.cpu_count() if local else 1)
+    try:
+        slots = int(raw_slots)
+    except (TypeError, ValueError):
+        raise fail(f"edgetrain_slots is {raw_slots!r}, not a number") from None
+    if slots < 1:
+        raise fail(f"edgetrain_slots is {slots}; a host needs at least 1 slot")
+    runtime = str(hv.get("edgetrain_runtime", "docker"))
+    if runtime not in RUNTIMES:
+        raise fail(f"edgetrain_runtime is {runtime!r}; use one of {', '.join(RUNTIMES)}")
+    return Host(
+        name=name,
+        address=str(hv.get("ansible_host", name)),
+        arch=arch,
+        slots=slots,
+        runtime=runtime,
+        connection=connection,
+        user=hv.get("ansible_user"),
+        port=int(hv.get("ansible_port", 22)),
+        iface=hv.get("edgetrain_iface"),
+        image=hv.get("edgetrain_image"),
+        groups=frozenset(groups - {"all"}),
+        vars=hv,
+    )
+
+
+def load(path: Path | None = None) -> Inventory:
+    """Read an inventory (a file or a directory); ``None`` means the embedded local default."""
+    source = Path(path) if path is not None else default_inventory()
+    if not source.exists():
+        raise EdgetrainError(f"inventory {source} does not exist", "pass -i inventories/<cluster> (copy inventories/example)")
+    data = _ansible_inventory_json(source)
+    top = "cluster" if "cluster" in data else "all"
+    names = _group_hosts(data, top, set())
+    if not names:
+        raise EdgetrainError(f"inventory {source} has no hosts in group '{top}'")
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    member = _memberships(data)
+    hosts = [_host(n, hostvars.get(n, {}), member.get(n, set()), source) for n in names]
+    # Rank 0 lives on the head: it runs mpirun and writes the checkpoints.
+    hosts.sort(key=lambda h: "head" not in h.groups)
+    return Inventory(source=source, hosts=tuple(hosts))
