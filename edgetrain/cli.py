@@ -3,15 +3,164 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from . import collect as collecting
+from . import datasets, doctor as doctoring, launch, runs
 from .errors import EdgetrainError
+from .progress import ConsoleProgress
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Data-parallel training on edge clusters.")
+runs_app = typer.Typer(no_args_is_help=True, help="Inspect run directories.")
+data_app = typer.Typer(no_args_is_help=True, help="Find, verify, import and fetch datasets.")
+app.add_typer(runs_app, name="runs")
+app.add_typer(data_app, name="data")
 console = Console()
 err_console = Console(stderr=True)
+
+InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+
+
+@app.command()
+def run(
+    job: Annotated[str, typer.Argument(help="lenet (MNIST) or fashion (Fashion-MNIST).")],
+    np: Annotated[int, typer.Option("--np", help="Number of MPI ranks.")] = 1,
+    epochs: Annotated[Optional[int], typer.Option(help="Train until this many epochs are done (default 1).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Per-rank batch size (default 64).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="At most this many training steps and validation batches per epoch (smoke tests).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
+    target_accuracy: Annotated[Optional[float], typer.Option(help="Stop once the averaged validation accuracy reaches this fraction.")] = None,
+    warmup_epochs: Annotated[int, typer.Option(help="Epochs of linear learning-rate warmup to the scaled rate.")] = 1,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this run from its newest checkpoint.")] = None,
+    depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
+    width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,
+    inventory: InventoryOpt = None,
+    group: Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")] = None,
+    runs_dir: RunsDirOpt = Path("runs"),
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Train a job with --np MPI ranks; progress on the console, everything else in runs/<id>/."""
+    options = {k: v for k, v in (("depth", depth), ("width", width)) if v is not None}
+    req = launch.RunRequest(job=job, np=np, epochs=epochs, batch_size=batch_size, max_steps=max_steps, seed=seed,
+                            target_accuracy=target_accuracy, warmup_epochs=warmup_epochs, options=options,
+                            inventory=inventory, group=group, runs_dir=runs_dir, data_dir=data_dir, resume=resume)
+    prep = launch.prepare(req)
+    if prep.placement.oversubscribed:
+        host, n = prep.placement.ranks[0]
+        err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
+    console.print(f"run {prep.run.id}: logs and checkpoints in {prep.run.path}")
+    with ConsoleProgress(console) as bar:
+        outcome = launch.execute(prep, bar.event, lambda line: err_console.print(line, markup=False, highlight=False))
+    if outcome.status == "completed":
+        m = outcome.last_metrics
+        done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if m else ""
+        console.print(f"run {prep.run.id} completed{done}")
+        return
+    if outcome.status == "interrupted":
+        raise EdgetrainError(f"run {prep.run.id} interrupted", f"continue it with: edgetrain run {job} --resume {prep.run.id}")
+    for line in outcome.log_tail:
+        err_console.print(f"  | {line}", markup=False, highlight=False)
+    who = f"rank {outcome.failed_rank} on {outcome.failed_host} failed: {outcome.failed_error}" if outcome.failed_rank is not None else f"mpirun exited with {outcome.returncode}"
+    raise EdgetrainError(f"run {prep.run.id}: {who}", f"logs in {prep.run.path}; resume with: edgetrain run {job} --resume {prep.run.id}")
+
+
+@app.command()
+def collect(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")],
+    dest: Annotated[Path, typer.Option(help="Directory to copy the run into (as DEST/<run-id>/).")],
+    runs_dir: RunsDirOpt = Path("runs"),
+) -> None:
+    """Copy a run's checkpoints, metrics and logs to DEST, verifying every checkpoint file."""
+    result = collecting.collect_local(runs.find(runs_dir, run_id), dest)
+    console.print(f"{result.dest}: checkpoints {', '.join(map(str, result.checkpoints))} verified; "
+                  f"{len(result.copied)} files copied, {len(result.unchanged)} already there")
+
+
+@app.command()
+def doctor(runs_dir: RunsDirOpt = Path("runs"), data_dir: DataDirOpt = None) -> None:
+    """Check that this machine can train: MPICH, Horovod (TF + MPI), an mpi4py probe, datasets, disk."""
+    checks = doctoring.local_checks(runs_dir, data_dir)
+    table = Table("check", "", "detail", box=None)
+    for c in checks:
+        table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+    console.print(table)
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        raise EdgetrainError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+
+
+@runs_app.command("list")
+def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """One line per run."""
+    table = Table("run", "job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
+    for r in runs.all_runs(runs_dir):
+        s = runs.summarize(r)
+        table.add_row(s.id, s.job, s.status, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
+                      f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
+    console.print(table)
+
+
+@runs_app.command("show")
+def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """A run's placement, options, versions and per-epoch metrics."""
+    r = runs.find(runs_dir, run_id)
+    info = r.info()
+    console.print(f"[bold]{r.id}[/]  job {info.get('job')}  status {info.get('status')}  ({r.path})")
+    console.print(f"placement: {info['placement']['np']} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in info["placement"]["hosts"]))
+    console.print("options: " + ", ".join(f"{k}={v}" for k, v in info.get("options", {}).items()))
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()))
+    table = Table("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "img/s", "elapsed s", box=None)
+    for m in r.metrics():
+        table.add_row(str(m["epoch"]), f"{m['loss']:.4f}", f"{m['accuracy']:.4f}", f"{m['val_loss']:.4f}",
+                      f"{m['val_accuracy']:.4f}", f"{m['images_per_sec']:,.0f}", f"{m['elapsed']:.0f}")
+    console.print(table)
+
+
+@data_app.command("list")
+def data_list(data_dir: DataDirOpt = None) -> None:
+    """Where each dataset is looked for, and which copy a run would use."""
+    for name in datasets.DATASETS:
+        try:
+            found = datasets.locate(name, data_dir).describe()
+        except EdgetrainError as exc:
+            found = f"[red]{exc}[/]"
+        console.print(f"[bold]{name}[/]: {found}")
+        for loc in datasets.search_path(name, data_dir):
+            console.print(f"  {loc.origin}: {loc.path}")
+
+
+@data_app.command("verify")
+def data_verify(
+    dataset: Annotated[Optional[str], typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Check the files a run would use against their sha256."""
+    for name in [dataset] if dataset else datasets.DATASETS:
+        console.print(f"{name}: ok, {datasets.locate(name, data_dir).describe()}")
+
+
+@data_app.command("import")
+def data_import(files: Annotated[list[Path], typer.Argument(help="Dataset files, any names: they are recognised by sha256.")]) -> None:
+    """Copy known dataset files into the user cache under their canonical names."""
+    for path in datasets.import_files(files):
+        console.print(f"imported {path}")
+
+
+@data_app.command("fetch")
+def data_fetch(
+    dataset: Annotated[str, typer.Argument(help="mnist or fashion-mnist.")],
+    mirror: Annotated[Optional[str], typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
+) -> None:
+    """Download a dataset into the user cache (needs a network; runs never download)."""
+    console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
+
 
 
 def main() -> None:

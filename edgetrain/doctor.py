@@ -1,0 +1,91 @@
+"""Preflight: is this machine ready to train? Each check names what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import datasets, launch, runs
+from .errors import EdgetrainError
+
+MIN_FREE_DISK = 2 * 1024**3
+HOROVOD_BUILD = (
+    "import json, horovod.tensorflow as hvd; "
+    "print(json.dumps({'mpi': bool(hvd.mpi_built()), 'tensorflow': True}))"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def check_mpirun() -> Check:
+    exe = launch.mpirun_path()
+    return Check("mpirun", True, f"{exe} (MPICH {launch.mpich_version(exe)})")
+
+
+def check_horovod() -> Check:
+    proc = _run([sys.executable, "-c", HOROVOD_BUILD], timeout=120)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EdgetrainError(f"Horovod with TensorFlow does not import: {last}", "re-run the setup (make setup)")
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not built["mpi"]:
+        raise EdgetrainError("Horovod was built without MPI", "rebuild it: pip uninstall horovod, then make setup")
+    return Check("horovod", True, "TensorFlow + MPI")
+
+
+def check_probe(np: int = 2) -> Check:
+    proc = _run([launch.mpirun_path(), "-n", str(np), sys.executable, "-m", "edgetrain.probe"], timeout=120)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        raise EdgetrainError(f"mpi4py probe with {np} ranks failed: {last}", "check that mpi4py was built against this MPICH (make setup)")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not report["allreduce_ok"]:
+        raise EdgetrainError(f"mpi4py probe: the allreduce over {np} ranks gave a wrong sum")
+    r0 = report["ranks"][0]
+    return Check("mpi4py probe", True, f"{report['size']} ranks, allreduce ok; TF {r0['tensorflow']}, Horovod {r0['horovod']}, {r0['mpi']}")
+
+
+def check_dataset(name: str, data_dir: Path | None) -> Callable[[], Check]:
+    return lambda: Check(f"dataset {name}", True, datasets.locate(name, data_dir).describe())
+
+
+def check_runs_dir(root: Path) -> Check:
+    runs.ensure_writable(root)
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_DISK:
+        raise EdgetrainError(f"only {free / 1024**3:.1f} GiB free under {root}", "free some disk or pass --runs-dir elsewhere")
+    return Check("run directory", True, f"{root.resolve()} writable, {free / 1024**3:.0f} GiB free")
+
+
+def local_checks(runs_dir: Path, data_dir: Path | None = None) -> list[Check]:
+    """Run every check; a failing one becomes a failed row rather than stopping the others."""
+    steps: list[tuple[str, Callable[[], Check]]] = [
+        ("mpirun", check_mpirun),
+        ("horovod", check_horovod),
+        ("mpi4py probe", check_probe),
+        *((f"dataset {d}", check_dataset(d, data_dir)) for d in datasets.DATASETS),
+        ("run directory", lambda: check_runs_dir(runs_dir)),
+    ]
+    results = []
+    for name, step in steps:
+        try:
+            results.append(step())
+        except EdgetrainError as exc:
+            results.append(Check(name, False, str(exc)))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            results.append(Check(name, False, str(exc)))
+    return results

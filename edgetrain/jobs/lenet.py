@@ -1,0 +1,27 @@
+"""LeNet on MNIST: two convolutions, two dense layers, Adam."""
+
+import tensorflow as tf
+
+layers = tf.keras.layers
+
+BASE_LR = 0.001  # per rank; the recipe scales it by the number of ranks
+
+
+def model(options: dict) -> tf.keras.Model:
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input((28, 28, 1)),
+            layers.Conv2D(32, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(2),
+            layers.Conv2D(64, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(2),
+            layers.Flatten(),
+            layers.Dense(512, activation="relu"),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+def optimizer(lr: float) -> tf.keras.optimizers.Optimizer:
+    return tf.keras.optimizers.Adam(lr)
+

@@ -1,0 +1,76 @@
+"""Placement: which host runs how many ranks, and the Hydra machinefile that says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import EdgetrainError, UsageError
+from .inventory import DEVICE_GROUPS, Host, Inventory
+
+
+@dataclass(frozen=True)
+class Placement:
+    np: int
+    ranks: tuple[tuple[Host, int], ...]  # (host, ranks on it), rank 0's host first
+    oversubscribed: bool = False
+
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        return tuple(h for h, _ in self.ranks)
+
+    @property
+    def head(self) -> Host:
+        return self.ranks[0][0]
+
+    def machinefile(self) -> str:
+        """MPICH Hydra's ``host:count`` lines; with ``-n`` equal to their sum, ranks fill hosts in order."""
+        return "".join(f"{h.address}:{n}\n" for h, n in self.ranks)
+
+    def describe(self) -> list[dict]:
+        return [{"host": h.name, "address": h.address, "arch": h.arch, "slots": h.slots, "ranks": n} for h, n in self.ranks]
+
+
+def select(inventory: Inventory, group: str | None = None) -> list[Host]:
+    """The hosts a job may use: one device group only, because Horovod cannot mix CPU and GPU ranks."""
+    if group is not None:
+        if group not in DEVICE_GROUPS:
+            raise UsageError(f"unknown --group {group!r}", f"use one of: {', '.join(DEVICE_GROUPS)}")
+        hosts = [h for h in inventory.hosts if group in h.groups]
+        if not hosts:
+            raise EdgetrainError(f"no hosts in group {group!r} of {inventory.source}")
+        return hosts
+    devices = {h.device for h in inventory.hosts}
+    if len(devices) > 1:
+        raise UsageError(
+            f"inventory {inventory.source} mixes CPU and GPU hosts, which one Horovod job cannot use together",
+            "pick one with --group rpi or --group gpu",
+        )
+    return list(inventory.hosts)
+
+
+def plan(inventory: Inventory, np: int, group: str | None = None) -> Placement:
+    """Fill hosts in inventory order up to their slots.
+
+    One host alone may be oversubscribed (the embedded default on a laptop: ranks then share
+    cores, and each gets fewer TensorFlow threads). Across several hosts, asking for more ranks
+    than slots is refused: it would silently pile ranks onto the first nodes.
+    """
+    if np < 1:
+        raise UsageError(f"--np {np} is not a number of ranks", "use --np 1 or more")
+    hosts = select(inventory, group)
+    total = sum(h.slots for h in hosts)
+    if np > total:
+        if len(hosts) == 1:
+            return Placement(np, ((hosts[0], np),), oversubscribed=True)
+        raise EdgetrainError(
+            f"--np {np} needs more ranks than the {total} slots of {len(hosts)} hosts",
+            "lower --np or raise edgetrain_slots in the inventory",
+        )
+    ranks, left = [], np
+    for h in hosts:
+        if left == 0:
+            break
+        n = min(h.slots, left)
+        ranks.append((h, n))
+        left -= n
+    return Placement(np, tuple(ranks))

@@ -1,0 +1,141 @@
+"""Run directories: ``runs/<run-id>/`` with run.json, metrics.jsonl, rank.N.log and checkpoints/."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import checkpoints
+from .errors import EdgetrainError
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("EDGETRAIN_RUNS", "runs"))
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def info_file(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def log(self, rank: int) -> Path:
+        return self.path / f"rank.{rank}.log"
+
+    def info(self) -> dict:
+        try:
+            return json.loads(self.info_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
+
+    def update_info(self, **fields) -> dict:
+        info = self.info() if self.info_file.exists() else {}
+        info.update(fields)
+        tmp = self.info_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, self.info_file)
+        return info
+
+    def metrics(self) -> list[dict]:
+        if not self.metrics_file.exists():
+            return []
+        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+
+    def logs(self) -> list[Path]:
+        return sorted(self.path.glob("rank.*.log"), key=lambda p: int(p.name.split(".")[1]))
+
+
+def ensure_writable(root: Path) -> Path:
+    """Create the runs directory, or say clearly why it cannot be used."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise EdgetrainError(
+            f"cannot write run directory {root}: {exc.strerror or exc}",
+            "pass --runs-dir DIR (or set EDGETRAIN_RUNS) to a writable directory",
+        ) from None
+    return root
+
+
+def new_id(job: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{job}-{secrets.token_hex(2)}"
+
+
+def create(root: Path, job: str) -> Run:
+    ensure_writable(root)
+    for _ in range(10):
+        path = root / new_id(job)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        (path / "checkpoints").mkdir()
+        return Run(path)
+    raise EdgetrainError(f"could not create a new run directory in {root}")
+
+
+def find(root: Path, run_id: str) -> Run:
+    """A run by id, or by a unique prefix of it."""
+    exact = root / run_id
+    if run_id and "/" not in run_id and (exact / "run.json").is_file():
+        return Run(exact)
+    matches = sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").is_file()) if root.is_dir() and run_id else []
+    if len(matches) == 1:
+        return Run(matches[0])
+    if len(matches) > 1:
+        raise EdgetrainError(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}", "give more of the id")
+    raise EdgetrainError(f"no run {run_id!r} in {root}", "see the runs with: edgetrain runs list")
+
+
+def all_runs(root: Path) -> list[Run]:
+    if not root.is_dir():
+        return []
+    return sorted((Run(p) for p in root.iterdir() if (p / "run.json").is_file()), key=lambda r: r.id)
+
+
+@dataclass(frozen=True)
+class Summary:
+    id: str
+    job: str
+    status: str
+    epochs: int
+    val_accuracy: float | None
+    images_per_sec: float | None
+    checkpoint: int | None
+
+
+def summarize(run: Run) -> Summary:
+    info = run.info()
+    metrics = run.metrics()
+    last = metrics[-1] if metrics else {}
+    ckpt = checkpoints.latest(run.checkpoints)
+    return Summary(
+        id=run.id,
+        job=info.get("job", "?"),
+        status=info.get("status", "?"),
+        epochs=len({m["epoch"] for m in metrics}),
+        val_accuracy=last.get("val_accuracy"),
+        images_per_sec=last.get("images_per_sec"),
+        checkpoint=ckpt.epoch if ckpt else None,
+    )
