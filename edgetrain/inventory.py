@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,7 +85,9 @@ class Inventory:
 
 
 def _ansible_inventory_json(path: Path) -> dict:
-    exe = shutil.which("ansible-inventory")
+    # Installed beside this Python (a venv need not be activated), else from PATH.
+    beside = Path(sys.executable).parent / "ansible-inventory"
+    exe = str(beside) if beside.exists() else shutil.which("ansible-inventory")
     if exe is None:
         raise EdgetrainError("ansible-inventory is not on PATH", "install edgetrain with its dependencies (make setup)")
     proc = subprocess.run(

@@ -23,6 +23,10 @@ from . import __version__, checkpoints, datasets, inventory, jobs, placement, pr
 from .errors import EdgetrainError, UsageError
 
 FAILED_RANK = re.compile(r"^edgetrain: rank (\d+) on (\S+) failed: (.*)$")
+RANK_PID = re.compile(r"^rank (\d+)/\d+ on (\S+) \(pid (\d+)\)")
+# Hydra's report of a process that died without finalizing (killed, crashed, out of memory).
+BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)")
+EXIT_CODE = re.compile(r"EXIT CODE: (\d+)")
 
 
 @dataclass
@@ -185,20 +189,35 @@ def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
     return Prepared(run, plan, cmd, resume_from)
 
 
-def _failure(run: runs.Run) -> tuple[int | None, str | None, str | None, list[str]]:
-    """The rank that failed first, by the time its log recorded the failure."""
-    found = []
+def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str | None, str | None, list[str]]:
+    """The rank that failed first: the one whose log recorded an error, or else the process
+    Hydra reports as terminated (matched to its rank by the pid each rank logs at start)."""
+    found, pids, tails = [], {}, {}
     for log in run.logs():
         lines = log.read_text(errors="replace").splitlines()
+        rank = int(log.name.split(".")[1])
+        tails[rank] = lines[-15:]
+        for line in lines:
+            m = RANK_PID.match(line)
+            if m:
+                pids[(m.group(3), m.group(2))] = rank
         for line in reversed(lines):
             m = FAILED_RANK.match(line)
             if m:
-                found.append((log.stat().st_mtime, int(m.group(1)), m.group(2), m.group(3), lines[-15:]))
+                found.append((log.stat().st_mtime, int(m.group(1)), m.group(2), m.group(3)))
                 break
-    if not found:
-        return None, None, None, []
-    _, rank, host, error, tail = min(found)
-    return rank, host, error, tail
+    if found:
+        _, rank, host, error = min(found)
+        return rank, host, error, tails[rank]
+    text = "\n".join(mpirun_output)
+    m = BAD_TERMINATION.search(text)
+    if m:
+        pid, host = m.group(1), m.group(2)
+        code = EXIT_CODE.search(text)
+        rank = pids.get((pid, host))
+        error = f"process {pid} ended abnormally" + (f" (exit code {code.group(1)})" if code else "")
+        return rank, host, error, tails.get(rank, []) if rank is not None else mpirun_output[-15:]
+    return None, None, None, mpirun_output[-15:]
 
 
 def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
@@ -209,13 +228,15 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
     proc = subprocess.Popen(prep.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     last: dict = {}
+    output: list[str] = []
     status = "failed"
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             event = progress.parse(line)
             if event is None:
-                on_output(line.rstrip("\n"))
+                output.append(line.rstrip("\n"))
+                on_output(output[-1])
                 continue
             if event["event"] == "epoch":
                 last = event
@@ -239,5 +260,5 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
         run.update_info(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), returncode=proc.returncode)
     outcome = Outcome(run, code, status, last)
     if status == "failed":
-        outcome.failed_rank, outcome.failed_host, outcome.failed_error, outcome.log_tail = _failure(run)
+        outcome.failed_rank, outcome.failed_host, outcome.failed_error, outcome.log_tail = _failure(run, output)
     return outcome

@@ -83,7 +83,7 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(args.seed)
-    print(f"rank {rank}/{size} on {socket.gethostname()}: {threads} TF threads, "
+    print(f"rank {rank}/{size} on {socket.gethostname()} (pid {os.getpid()}): {threads} TF threads, "
           f"TF {tf.__version__}, Horovod {horovod.__version__}", flush=True)
 
     spec = get_job(args.job)
