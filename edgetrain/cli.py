@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from . import collect as collecting
 from . import datasets, doctor as doctoring, launch, runs
@@ -99,7 +99,8 @@ def doctor(runs_dir: RunsDirOpt = Path("runs"), data_dir: DataDirOpt = None) -> 
 @runs_app.command("list")
 def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
     """One line per run."""
-    table = Table("run", "job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
+    table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
+    table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
     for r in runs.all_runs(runs_dir):
         s = runs.summarize(r)
         table.add_row(s.id, s.job, s.status, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",

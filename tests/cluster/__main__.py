@@ -1,0 +1,46 @@
+"""python -m tests.cluster up|down|status|bench: drive the testbed by hand (needs root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .testbed import DEFAULT_ROOT, Testbed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="create a testbed and print its id and inventory")
+    up.add_argument("-n", "--nodes", type=int, default=3)
+    up.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
+    up.add_argument("--docker", action="store_true", help="start a Docker engine in every node")
+    down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
+    down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
+    sub.add_parser("status", help="show recorded testbeds")
+    bench = sub.add_parser("bench", help="mpi4py allreduce bandwidth between two nodes of a provisioned testbed")
+    bench.add_argument("id")
+    bench.add_argument("--python", default=sys.executable, help="interpreter with mpi4py, on the shared filesystem")
+    args = p.parse_args(argv)
+
+    if args.cmd == "up":
+        bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
+        print(json.dumps(bed.status(), indent=2))
+    elif args.cmd == "down":
+        for tid in args.ids or Testbed.recorded():
+            Testbed.load(tid).down()
+            print(f"removed {tid}")
+    elif args.cmd == "status":
+        print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
+        print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
+    elif args.cmd == "bench":
+        from .bench import allreduce_bandwidth
+
+        for row in allreduce_bandwidth(Testbed.load(args.id), python=args.python):
+            print(f"{row['bytes'] / 2**20:8.0f} MiB  {row['seconds'] * 1e3:9.1f} ms  {row['mb_per_s']:7.1f} MB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

