@@ -163,6 +163,62 @@ def data_fetch(
     console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
 
 
+# --- images: the training images (work in edgetrain/images.py) -------------------------------------
+from . import images as imaging  # noqa: E402
+from . import inventory as inventories  # noqa: E402
+
+images_app = typer.Typer(no_args_is_help=True, help="Build training images offline and ship them to the nodes.")
+app.add_typer(images_app, name="images")
+ImageArchArg = Annotated[str, typer.Option("--arch", help="arm64 (Raspberry Pi 4), amd64 (x86_64 CPU) or cuda (NVIDIA GPU).")]
+CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
+
+
+@images_app.command("base")
+def images_base(
+    arch: ImageArchArg,
+    mirror: Annotated[str, typer.Option(help="Debian mirror for debootstrap.")] = imaging.DEFAULT_DEBIAN_MIRROR,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Make a minimal Debian base image with debootstrap + docker import (no registry needed)."""
+    tag = imaging.make_base(imaging.target(arch), cache_dir or imaging.default_cache_dir(), mirror=mirror, log=console.print)
+    console.print(tag)
+
+
+@images_app.command("build")
+def images_build(
+    arch: ImageArchArg,
+    base_image: Annotated[Optional[str], typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
+    apt_mirror: Annotated[Optional[str], typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
+    apt_proxy: Annotated[Optional[str], typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
+    arch_flags: Annotated[Optional[str], typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
+    tag: Annotated[Optional[str], typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Build an image offline from a wheelhouse; fails unless Horovod in it has TensorFlow and MPI."""
+    result = imaging.build(
+        imaging.target(arch), cache_dir or imaging.default_cache_dir(), base_image=base_image,
+        apt_mirror=apt_mirror, apt_proxy=apt_proxy, arch_flags=arch_flags, tag=tag, log=console.print,
+    )
+    console.print(f"{result.tag}: {result.image_id}, {result.size_bytes / 1e9:.2f} GB, {result.seconds:.0f} s")
+
+
+@images_app.command("distribute")
+def images_distribute(inventory: InventoryOpt = None) -> None:
+    """Ship every docker node the image of its arch (docker save | ssh node docker load), verified by image ID."""
+    shipped = imaging.distribute(inventories.load(inventory), log=console.print)
+    console.print(f"{sum(s.loaded for s in shipped)} node(s) loaded, {sum(not s.loaded for s in shipped)} already up to date")
+
+
+@images_app.command("list")
+def images_list(inventory: InventoryOpt = None) -> None:
+    """Per node: tag, image ID, arch, created."""
+    table = Table("node", "tag", "image id", "arch", "created", box=None)
+    for row in imaging.list_images(inventories.load(inventory)):
+        table.add_row(row.host, row.tag, row.image_id[7:19], row.arch, row.created)
+    console.print(table)
+# --- end images ----------------------------------------------------------------------------------
+
+
 
 def main() -> None:
     try:
