@@ -6,6 +6,10 @@ benchmarking range, never routed elsewhere), its own hostname (UTS namespace), i
 namespace, so provisioning a node never edits the machine's own files), optional tc tbf shaping of
 its link (default 1 Gbit/s, a Raspberry Pi 4's Ethernet) and optionally its own Docker engine.
 
+Each node also gets its own /root (an empty tmpfs, like another machine's root home); the
+controller's Python installation, if it lives under /root (pyenv), is bind-mounted read-only into
+it, so that the MPI user can run the project's virtualenv on every node.
+
 Everything else is shared with the machine, like nodes with an NFS root: packages, /etc/passwd,
 home directories. Consequences for tests: apt runs on every node take the same dpkg lock, user
 creation contends for the same /etc/passwd lock, and files in the MPI user's home are written by
@@ -23,9 +27,11 @@ import os
 import platform
 import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,6 +102,8 @@ class State:
     docker: bool
     nodes: list[Node] = field(default_factory=list)
     created_user: bool = False
+    # Paths under /root that every node's private /root shows (read-only).
+    expose: list[str] = field(default_factory=list)
 
     @property
     def gateway(self) -> str:
@@ -161,6 +169,7 @@ class Testbed:
         state = State(
             id=tid, dir=str(d), subnet=_free_subnet(), bridge=f"{tid}-br", mpi_user=mpi_user,
             shaped=shape, docker=docker, created_user=not _user_exists(mpi_user),
+            expose=[p for p in {sys.base_prefix, sys.prefix} if p.startswith("/root/")],
         )
         for i in range(1, nodes + 1):
             state.nodes.append(Node(
@@ -231,6 +240,7 @@ class Testbed:
         (d / "hostname").write_text(FACTORY_HOSTNAME + "\n")
         (d / "etc-docker").mkdir()
         (d / "sys").mkdir()
+        (d / "roothome").mkdir()
         pub = Path(s.key + ".pub").read_text()
         (d / "root_authorized_keys").write_text(pub)
         env = f"SetEnv DOCKER_HOST=unix://{n.docker_sock}\n" if s.docker else ""
@@ -252,8 +262,14 @@ class Testbed:
         )
         # A fresh sysfs shows this namespace's interfaces (Ansible's facts read it); the machine's
         # cgroup hierarchy is carried over so that a Docker engine can still run in the node.
+        expose = "".join(
+            f"mkdir -p {shlex.quote(p)}\nmount --bind -o ro {d}/roothome/{shlex.quote(p[len('/root/'):])} {shlex.quote(p)}\n"
+            for p in sorted(s.expose)
+        )
         script = f"""set -e
-mount -t sysfs sysfs {d}/sys
+mount --bind /root {d}/roothome
+mount -t tmpfs -o mode=0711 tmpfs /root
+{expose}mount -t sysfs sysfs {d}/sys
 mount --rbind /sys/fs/cgroup {d}/sys/fs/cgroup
 mount --move {d}/sys /sys
 mount --bind {d}/hosts /etc/hosts
@@ -331,7 +347,10 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         ]
 
     def ssh(self, n: Node, command: str, *, check: bool = True, timeout: float | None = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(self.ssh_argv(n) + [command], check=check, text=True, capture_output=True, timeout=timeout)
+        r = subprocess.run(self.ssh_argv(n) + [command], text=True, capture_output=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"on {n.name}: {command!r} exited {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        return r
 
     def as_mpi_user(self, n: Node, command: str, **kw) -> subprocess.CompletedProcess:
         """Run a login shell of the MPI user inside the node, as mpirun would be started there."""

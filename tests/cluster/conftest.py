@@ -1,0 +1,110 @@
+"""Fixtures: one testbed of 3 namespace hosts per session, provisioned once with site.yml.
+
+The testbed is torn down by its finalizer whatever the tests did; `python -m tests.cluster down`
+removes a testbed left behind by a killed session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+import io
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .playbook import Playbook
+from .testbed import Testbed
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
+PROBE_IMAGE = "edgetrain-testbed/probe:1"
+
+
+def _missing_prerequisites() -> str | None:
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, bridges, sshd)"
+    for tool in ("ip", "tc", "nsenter", "unshare", "ssh-keygen", "mpirun"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/usr/sbin/sshd").exists():
+        return "openssh-server is not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    reason = _missing_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    bed = Testbed.create(3, shape=True, docker=shutil.which("dockerd") is not None)
+    try:
+        yield bed
+    finally:
+        bed.down()
+
+
+@pytest.fixture(scope="session")
+def playbook(testbed) -> Playbook:
+    return Playbook(ROOT, testbed.state.inventory)
+
+
+def _probe_image_archive(bed: Testbed) -> str:
+    """A one-file image saved from node1's engine, then removed there, for the images role to load."""
+    from .testbed import run
+
+    n = bed.state.head
+    docker = ["docker", "-H", f"unix://{n.docker_sock}"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"edgetrain testbed probe image\n"
+        info = tarfile.TarInfo("probe.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    import subprocess
+
+    subprocess.run(docker + ["import", "-", PROBE_IMAGE], input=buf.getvalue(), check=True, capture_output=True)
+    archive = f"{bed.state.dir}/probe-image.tar"
+    run(*docker, "save", "--output", archive, PROBE_IMAGE)
+    run(*docker, "image", "rm", PROBE_IMAGE)
+    return archive
+
+
+@pytest.fixture(scope="session")
+def site_vars(testbed) -> Path:
+    """Extra variables for site.yml: the Fashion-MNIST files and, with engines, a probe image."""
+    files = sorted(DATASET_DIR.glob("*.gz"))
+    assert files, f"no dataset files in {DATASET_DIR}: install the Debian package dataset-fashion-mnist"
+    vars_ = {
+        "datasets_files": [
+            {"src": str(f), "dest": f"fashion-mnist/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+            for f in files
+        ],
+    }
+    if testbed.state.docker:
+        vars_["images_archives"] = [{"src": _probe_image_archive(testbed), "ref": PROBE_IMAGE}]
+    path = Path(testbed.state.dir) / "site-vars.yml"
+    path.write_text(yaml.safe_dump(vars_))
+    return path
+
+
+@pytest.fixture(scope="session")
+def converged(playbook, site_vars):
+    """The first site.yml run on the fresh testbed; every later test sees a provisioned cluster."""
+    result = playbook.run("playbooks/site.yml", "-e", f"@{site_vars}")
+    result.check()
+    return result
+
+
+@pytest.fixture(scope="session")
+def report(request):
+    """Figures measured by the tests, printed at the end of the session."""
+    figures: dict[str, str] = {}
+    yield figures
+    if figures:
+        lines = "\n".join(f"  {k}: {v}" for k, v in figures.items())
+        request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"\ntestbed figures:\n{lines}")
