@@ -57,7 +57,7 @@ def run(
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
     console.print(f"run {prep.run.id}: logs and checkpoints in {prep.run.path}")
     with ConsoleProgress(console) as bar:
-        outcome = launch.execute(prep, bar.event, lambda line: err_console.print(line, markup=False, highlight=False))
+        outcome = launch.execute(prep, bar.event, lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
     if outcome.status == "completed":
         m = outcome.last_metrics
         done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if m else ""
@@ -66,8 +66,13 @@ def run(
     if outcome.status == "interrupted":
         raise EdgetrainError(f"run {prep.run.id} interrupted", f"continue it with: edgetrain run {job} --resume {prep.run.id}")
     for line in outcome.log_tail:
-        err_console.print(f"  | {line}", markup=False, highlight=False)
-    who = f"rank {outcome.failed_rank} on {outcome.failed_host} failed: {outcome.failed_error}" if outcome.failed_rank is not None else f"mpirun exited with {outcome.returncode}"
+        err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
+    if outcome.failed_rank is not None:
+        who = f"rank {outcome.failed_rank} on {outcome.failed_host} failed: {outcome.failed_error}"
+    elif outcome.failed_host is not None:
+        who = f"a rank on {outcome.failed_host} failed: {outcome.failed_error}"
+    else:
+        who = f"mpirun exited with {outcome.returncode}"
     raise EdgetrainError(f"run {prep.run.id}: {who}", f"logs in {prep.run.path}; resume with: edgetrain run {job} --resume {prep.run.id}")
 
 

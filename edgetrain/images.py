@@ -36,8 +36,8 @@ DEBIAN_SUITE = "bookworm"
 IMAGE_REPOSITORY = "edgetrain"
 # Compiled inside the image against its own MPICH, so they enter the wheelhouse as sources.
 BUILT_FROM_SOURCE = ("horovod", "mpi4py")
-# What the builder stage needs to compile Horovod, besides TensorFlow.
-BUILD_REQUIREMENTS = ("cmake", "packaging", "psutil", "pyyaml", "cloudpickle", "wheel", "setuptools")
+# What the builder stage needs to compile Horovod (besides TensorFlow) and mpi4py (Cython).
+BUILD_REQUIREMENTS = ("cmake", "packaging", "psutil", "pyyaml", "cloudpickle", "wheel", "setuptools", "cython")
 BASE_SHA_LABEL = "org.edgetrain.base.rootfs-sha256"
 
 Log = Callable[[str], None]

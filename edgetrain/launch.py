@@ -192,7 +192,7 @@ def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
 def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str | None, str | None, list[str]]:
     """The rank that failed first: the one whose log recorded an error, or else the process
     Hydra reports as terminated (matched to its rank by the pid each rank logs at start)."""
-    found, pids, tails = [], {}, {}
+    found, pids, tails = [], {}, {}  # pids: pid -> [(rank, hostname)]
     for log in run.logs():
         lines = log.read_text(errors="replace").splitlines()
         rank = int(log.name.split(".")[1])
@@ -200,7 +200,7 @@ def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str |
         for line in lines:
             m = RANK_PID.match(line)
             if m:
-                pids[(m.group(3), m.group(2))] = rank
+                pids.setdefault(m.group(3), []).append((rank, m.group(2)))
         for line in reversed(lines):
             m = FAILED_RANK.match(line)
             if m:
@@ -214,9 +214,14 @@ def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str |
     if m:
         pid, host = m.group(1), m.group(2)
         code = EXIT_CODE.search(text)
-        rank = pids.get((pid, host))
         error = f"process {pid} ended abnormally" + (f" (exit code {code.group(1)})" if code else "")
-        return rank, host, error, tails.get(rank, []) if rank is not None else mpirun_output[-15:]
+        # Hydra names the machinefile entry; the rank log knows the hostname. Pids can repeat
+        # across hosts, so only an unambiguous match names the rank.
+        candidates = pids.get(pid, [])
+        if len(candidates) == 1:
+            rank, hostname = candidates[0]
+            return rank, hostname, error, tails[rank]
+        return None, host, error, mpirun_output[-15:]
     return None, None, None, mpirun_output[-15:]
 
 

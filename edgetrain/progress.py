@@ -47,6 +47,7 @@ class ConsoleProgress:
             transient=True,
         )
         self.task = None
+        self.label = ""
         self.epochs = 0
 
     def __enter__(self) -> "ConsoleProgress":
@@ -64,10 +65,11 @@ class ConsoleProgress:
             self.console.print(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}")
         elif kind == "step":
             label = f"{e['epoch']}/{self.epochs}"
-            if self.task is None or self.bar.tasks[self.task].fields["epoch"] != label:
+            if label != self.label:
                 if self.task is not None:
                     self.bar.remove_task(self.task)
                 self.task = self.bar.add_task("", total=e["steps"], epoch=label, loss=0.0, ips=0.0)
+                self.label = label
             self.bar.update(self.task, completed=e["step"], loss=e["loss"], ips=e["images_per_sec"])
         elif kind == "epoch":
             self.console.print(

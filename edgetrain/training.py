@@ -145,13 +145,18 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     callbacks = [
         # Averages the logs in place: every callback after it sees the cluster-wide numbers.
         hvd.callbacks.MetricAverageCallback(),
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps),
+        # Keras 2.11+ optimizers hold momentum as a float, which Horovod's momentum correction
+        # cannot rescale; the warmup is short enough to do without it.
+        hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False
+        ),
     ]
     multiplier = getattr(job, "lr_multiplier", None)
     if multiplier is not None:
         callbacks.append(
             hvd.callbacks.LearningRateScheduleCallback(
-                initial_lr=lr, start_epoch=args.warmup_epochs, multiplier=lambda e: multiplier(e, args.epochs)
+                initial_lr=lr, start_epoch=args.warmup_epochs, multiplier=lambda e: multiplier(e, args.epochs),
+                momentum_correction=False,
             )
         )
     recorder = Recorder(args, events, steps, state, spec.name)

@@ -1,0 +1,147 @@
+"""Real multi-process training: MPICH's mpirun, Horovod, TensorFlow, on the real datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgetrain import checkpoints, runs
+
+from .conftest import ROOT, edgetrain, snapshot
+
+pytestmark = pytest.mark.mpi
+
+DIGEST = re.compile(r"^final weights sha256 ([0-9a-f]{64})$", re.M)
+RESUMED = re.compile(r"^resumed from .* \(epoch (\d+)\), weights sha256 ([0-9a-f]{64})$", re.M)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two ranks, two short epochs of LeNet on MNIST through the CLI."""
+    root = tmp_path_factory.mktemp("runs")
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "2", "--max-steps", "25", "--runs-dir", str(root))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(root)
+    return root, run, result
+
+
+def final_digests(run: runs.Run) -> dict[int, list[str]]:
+    return {int(p.name.split(".")[1]): DIGEST.findall(p.read_text()) for p in run.logs()}
+
+
+def test_loss_falls_and_progress_is_reported(trained):
+    _, run, result = trained
+    metrics = run.metrics()
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    assert metrics[1]["loss"] < metrics[0]["loss"]
+    assert metrics[1]["val_accuracy"] > 0.6
+    assert all(m["images_per_sec"] > 0 and m["ranks"] == 2 for m in metrics)
+    assert "epoch 2/2: loss" in result.stdout and f"run {run.id} completed" in result.stdout
+    info = run.info()
+    assert info["status"] == "completed" and info["placement"]["np"] == 2
+    assert info["versions"]["mpich"] == "4.0.2"
+
+
+def test_weights_identical_on_every_rank(trained):
+    _, run, _ = trained
+    digests = final_digests(run)
+    assert set(digests) == {0, 1}
+    assert digests[0] and digests[0][0] == digests[1][0]
+
+
+def test_only_rank_0_writes_checkpoints(trained):
+    _, run, _ = trained
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["epoch-0001", "epoch-0002"]
+    for ckpt in checkpoints.all_in(run.checkpoints):
+        assert ckpt.manifest["rank"] == 0 and ckpt.job == "lenet"
+        checkpoints.verify(ckpt)
+    assert ckpt.manifest["metrics"] == run.metrics()[-1]
+
+
+def test_collect_verifies_and_repeats_safely(trained, tmp_path):
+    root, run, _ = trained
+    first = edgetrain("collect", run.id, "--dest", str(tmp_path), "--runs-dir", str(root))
+    assert first.returncode == 0, first.stderr
+    copy = tmp_path / run.id
+    assert (copy / "metrics.jsonl").read_text() == run.metrics_file.read_text()
+    assert (copy / "rank.1.log").exists()
+    again = edgetrain("collect", run.id, "--dest", str(tmp_path), "--runs-dir", str(root))
+    assert again.returncode == 0 and " 0 files copied" in again.stdout.replace("\n", " ")
+    damaged = copy / "checkpoints" / "epoch-0002" / "state.index"
+    damaged.write_bytes(b"damaged")
+    mend = edgetrain("collect", run.id, "--dest", str(tmp_path), "--runs-dir", str(root))
+    assert mend.returncode == 0 and " 1 files copied" in mend.stdout.replace("\n", " ")
+    checkpoints.verify(checkpoints.read(run.checkpoints / "epoch-0002"), base=copy / "checkpoints" / "epoch-0002")
+
+
+def test_resume_continues_from_the_saved_epoch(trained):
+    root, run, _ = trained
+    before = final_digests(run)[0][-1]
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "3", "--max-steps", "25", "--resume", run.id, "--runs-dir", str(root))
+    assert result.returncode == 0, result.stderr
+    assert "resuming after epoch 2" in result.stdout
+    [(epoch, restored)] = RESUMED.findall(run.log(0).read_text())
+    assert int(epoch) == 2 and restored == before
+    assert [m["epoch"] for m in run.metrics()] == [1, 2, 3]
+    assert checkpoints.latest(run.checkpoints).epoch == 3
+    attempts = run.info()["attempts"]
+    assert [a["resumed_from_epoch"] for a in attempts] == [None, 2]
+    digests = final_digests(run)
+    assert digests[0][-1] == digests[1][-1] != before
+
+
+def test_fashion_job_trains(tmp_path):
+    result = edgetrain("run", "fashion", "--np", "2", "--epochs", "1", "--max-steps", "8", "--width", "8",
+                       "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(tmp_path)
+    ckpt = checkpoints.latest(run.checkpoints)
+    assert ckpt.job == "fashion" and ckpt.manifest["options"]["width"] == 8
+    assert run.info()["dataset"]["name"] == "fashion-mnist"
+
+
+def test_target_accuracy_stops_early(tmp_path):
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "5", "--max-steps", "20", "--target-accuracy", "0.5",
+                       "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(tmp_path)
+    metrics = run.metrics()
+    assert len(metrics) < 5 and metrics[-1]["val_accuracy"] >= 0.5
+
+
+def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
+    """Kill rank 1 mid-training: the run must end promptly, naming rank 1, keeping what was saved."""
+    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "20", "--runs-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.time() + 120
+        pid = None
+        while pid is None and time.time() < deadline:
+            logs = list(tmp_path.glob("*/rank.1.log"))
+            m = re.search(r"\(pid (\d+)\)", logs[0].read_text()) if logs else None
+            pid = int(m.group(1)) if m else None
+            time.sleep(0.5)
+        assert pid is not None, "rank 1 never started"
+        time.sleep(8)  # into training
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+        out, err = proc.communicate(timeout=60)
+        took = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert took < 30
+    [run] = runs.all_runs(tmp_path)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"edgetrain: error: run {run.id}: rank 1 on ") and f"process {pid} ended abnormally" in last
+    assert f"--resume {run.id}" in last
+    assert run.info()["status"] == "failed"
