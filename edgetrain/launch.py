@@ -245,6 +245,8 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
                 continue
             if event["event"] == "epoch":
                 last = event
+            elif event["event"] == "start":
+                run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
             on_event(event)
         code = proc.wait()
         status = "completed" if code == 0 else "failed"

@@ -162,7 +162,8 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     recorder = Recorder(args, events, steps, state, spec.name)
     callbacks.append(recorder)
 
-    events.emit("start", job=spec.name, ranks=size, epochs=args.epochs, initial_epoch=initial_epoch, steps=steps)
+    events.emit("start", job=spec.name, ranks=size, epochs=args.epochs, initial_epoch=initial_epoch, steps=steps,
+                versions={"tensorflow": tf.__version__, "horovod": horovod.__version__})
     net.fit(
         train_ds,
         steps_per_epoch=steps,

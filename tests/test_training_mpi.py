@@ -47,6 +47,7 @@ def test_loss_falls_and_progress_is_reported(trained):
     info = run.info()
     assert info["status"] == "completed" and info["placement"]["np"] == 2
     assert info["versions"]["mpich"] == "4.0.2"
+    assert info["versions"]["tensorflow"].startswith("2.15.") and info["versions"]["horovod"] == "0.28.1"
 
 
 def test_weights_identical_on_every_rank(trained):

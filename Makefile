@@ -1,0 +1,21 @@
+# The two commands a newcomer needs:
+#   make train   set up this machine and train LeNet on MNIST with 4 MPI ranks
+#   make test    set up this machine (and what the tests need) and run every test
+VENV ?= .venv
+NP ?= 4
+EPOCHS ?= 1
+# System packages the tests need on top of the training stack: the multi-node testbed
+# (network namespaces, sshd) and the image builds (Docker engine, debootstrap).
+TEST_SYSTEM_PACKAGES = iproute2 openssh-server docker.io debootstrap
+
+.PHONY: setup train test test-arm64
+
+setup:
+	scripts/setup
+
+train: setup
+	$(VENV)/bin/edgetrain run lenet --np $(NP) --epochs $(EPOCHS)
+
+test:
+	EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
