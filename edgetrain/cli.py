@@ -12,7 +12,7 @@ from rich.table import Column, Table
 
 from . import collect as collecting
 from . import datasets, doctor as doctoring, launch, runs
-from .errors import EdgetrainError
+from .errors import EdgetrainError, Interrupted
 from .progress import ConsoleProgress
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Data-parallel training on edge clusters.")
@@ -64,7 +64,7 @@ def run(
         console.print(f"run {prep.run.id} completed{done}")
         return
     if outcome.status == "interrupted":
-        raise EdgetrainError(f"run {prep.run.id} interrupted", f"continue it with: edgetrain run {job} --resume {prep.run.id}")
+        raise Interrupted(f"run {prep.run.id} interrupted", f"continue it with: edgetrain run {job} --resume {prep.run.id}")
     for line in outcome.log_tail:
         err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
     if outcome.failed_rank is not None:

@@ -14,3 +14,7 @@ class EdgetrainError(Exception):
 
 class UsageError(EdgetrainError):
     exit_code = 2
+
+
+class Interrupted(EdgetrainError):
+    exit_code = 130

@@ -249,7 +249,7 @@ def _require_emulation(tgt: Target) -> None:
 
 
 def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR, suite: str = DEBIAN_SUITE, log: Log = print) -> str:
-    """A minimal Debian base image from debootstrap + ``docker import``, for sites with no registry.
+    """A minimal Debian base image from debootstrap, imported into the engine, for sites with no registry.
 
     The root file system tarball is cached with its sha256; the engine's image is reused while its
     label still names that sha256.
@@ -288,10 +288,16 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
     if _image_inspect(tag, "{{index .Config.Labels \"" + BASE_SHA_LABEL + "\"}}") == sha:
         log(f"base {tag}: present, rootfs sha256 {sha[:12]} matches")
         return tag
-    _docker(
-        ["image", "import", "--platform", tgt.platform, "--change", f"LABEL {BASE_SHA_LABEL}={sha}", "--change", 'CMD ["/bin/bash"]', str(tarball), tag],
-        "docker import of the base image",
-    )
+    # A build FROM scratch rather than `docker import`: engines before 23 ignore import's
+    # --platform and would record an arm64 root file system as amd64.
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
+        context = Path(tmp)
+        os.link(tarball, context / "rootfs.tar")
+        (context / "Dockerfile").write_text('FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n')
+        _docker(
+            ["build", "-q", "--platform", tgt.platform, "--label", f"{BASE_SHA_LABEL}={sha}", "-t", tag, str(context)],
+            "importing the base image",
+        )
     log(f"base {tag}: imported from {tarball.name} (sha256 {sha[:12]})")
     return tag
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -14,7 +13,7 @@ import pytest
 
 from edgetrain import checkpoints, runs
 
-from .conftest import ROOT, edgetrain, snapshot
+from .conftest import ROOT, edgetrain
 
 pytestmark = pytest.mark.mpi
 
@@ -117,28 +116,49 @@ def test_target_accuracy_stops_early(tmp_path):
     assert len(metrics) < 5 and metrics[-1]["val_accuracy"] >= 0.5
 
 
-def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
-    """Kill rank 1 mid-training: the run must end promptly, naming rank 1, keeping what was saved."""
-    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "20", "--runs-dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+def rank_pid(root, rank: int, timeout: float = 120) -> int:
+    """The pid a rank logs when it starts."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        logs = list(root.glob(f"*/rank.{rank}.log"))
+        m = re.search(r"\(pid (\d+)\)", logs[0].read_text()) if logs else None
+        if m:
+            return int(m.group(1))
+        time.sleep(0.5)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def alive(pid: int) -> bool:
     try:
-        deadline = time.time() + 120
-        pid = None
-        while pid is None and time.time() < deadline:
-            logs = list(tmp_path.glob("*/rank.1.log"))
-            m = re.search(r"\(pid (\d+)\)", logs[0].read_text()) if logs else None
-            pid = int(m.group(1)) if m else None
-            time.sleep(0.5)
-        assert pid is not None, "rank 1 never started"
-        time.sleep(8)  # into training
-        os.kill(pid, signal.SIGKILL)
-        killed_at = time.time()
-        out, err = proc.communicate(timeout=60)
-        took = time.time() - killed_at
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def long_run(root):
+    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "20", "--runs-dir", str(root)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:
+    try:
+        os.kill(pid, sig)
+        sent = time.time()
+        _, err = proc.communicate(timeout=60)
+        return err, time.time() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
+    """Kill rank 1 mid-training: the run must end promptly, naming rank 1."""
+    proc = long_run(tmp_path)
+    pid = rank_pid(tmp_path, 1)
+    time.sleep(8)  # into training
+    err, took = stop_and_wait(proc, signal.SIGKILL, pid)
     assert proc.returncode == 1
     assert took < 30
     [run] = runs.all_runs(tmp_path)
@@ -146,3 +166,20 @@ def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
     assert last.startswith(f"edgetrain: error: run {run.id}: rank 1 on ") and f"process {pid} ended abnormally" in last
     assert f"--resume {run.id}" in last
     assert run.info()["status"] == "failed"
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    proc = long_run(tmp_path)
+    pids = [rank_pid(tmp_path, 0), rank_pid(tmp_path, 1)]
+    time.sleep(8)
+    err, took = stop_and_wait(proc, signal.SIGINT, proc.pid)
+    assert proc.returncode == 130 and took < 30
+    [run] = runs.all_runs(tmp_path)
+    assert err.strip().splitlines()[-1] == (
+        f"edgetrain: error: run {run.id} interrupted - continue it with: edgetrain run lenet --resume {run.id}"
+    )
+    assert run.info()["status"] == "interrupted"
+    deadline = time.time() + 10
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)
