@@ -51,7 +51,10 @@ class Target:
     dockerfile: str
     docker_arch: str  # Docker/Debian name: arm64, amd64
     machine: str  # inventory edgetrain_arch: aarch64, x86_64
-    tensorflow: str  # the TensorFlow requirement for this target
+    # The TensorFlow requirements for this target. pip download evaluates markers for the machine it
+    # runs on, so a platform-specific dependency (aarch64: tensorflow -> tensorflow-cpu-aws) is
+    # named here, or a cross-download would miss it.
+    tensorflow: tuple[str, ...]
     python: str  # the base image's python3 (bookworm 3.11, the CUDA images' Ubuntu 22.04 3.10)
     glibc: int  # newest manylinux_2_N the base image's glibc runs
     debootstrap_base: bool  # a Debian base can be made with `edgetrain images base`
@@ -70,9 +73,9 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "arm64": Target("arm64", "Dockerfile.arm64", "arm64", "aarch64", "tensorflow", "3.11", 36, True),
-    "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", "tensorflow-cpu", "3.11", 36, True),
-    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", "tensorflow[and-cuda]", "3.10", 35, False),
+    "arm64": Target("arm64", "Dockerfile.arm64", "arm64", "aarch64", ("tensorflow", "tensorflow-cpu-aws"), "3.11", 36, True),
+    "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", ("tensorflow-cpu",), "3.11", 36, True),
+    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.10", 35, False),
 }
 
 
@@ -165,7 +168,7 @@ def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement
 
 def wheelhouse_requirements(project_wheel: Path, tgt: Target) -> tuple[list[str], list[str]]:
     """(binary requirements, source-only requirements) for a target's wheelhouse."""
-    binary = [tgt.tensorflow, *BUILD_REQUIREMENTS]
+    binary = [*tgt.tensorflow, *BUILD_REQUIREMENTS]
     for req in wheel_requirements(project_wheel, "train", tgt):
         name = req.name.lower()
         # The target decides which TensorFlow package (CPU, aarch64 or CUDA) goes in.
