@@ -172,7 +172,7 @@ def _complete_set(loc: Location, dataset: str) -> DatasetFiles | None:
         known = files_of(dataset, fmt)
         paths = tuple(loc.path / k.filename for k in known)
         if all(p.is_file() for p in paths):
-            for p, k in zip(paths, known):
+            for p, k in zip(paths, known, strict=True):
                 verify_file(p, k)
             return DatasetFiles(dataset, fmt, paths, loc.origin)
     return None
