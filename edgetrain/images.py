@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
+from typing import IO
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -346,6 +347,7 @@ def build(
     arch_flags: str | None = None,
     tag: str | None = None,
     log: Log = print,
+    output: IO[str] | None = None,
 ) -> BuildResult:
     """Build one image flavour offline; the build fails unless the in-image Horovod check passes."""
     dockerfile = project_root() / "images" / tgt.dockerfile
@@ -379,8 +381,9 @@ def build(
             if value:
                 cmd += ["--build-arg", f"{name}={value}"]
         log(f"building {tag} ({tgt.platform}) from {base_image or 'the Dockerfile default base'}")
-        # Streamed, not captured: a cold build takes minutes and its log is the progress report.
-        if subprocess.run([*cmd, str(context)]).returncode != 0:
+        # Streamed (to the console unless ``output`` is given), never held back: a cold build
+        # takes minutes and its log is the progress report.
+        if subprocess.run([*cmd, str(context)], stdout=output, stderr=subprocess.STDOUT if output else None).returncode != 0:
             raise EdgetrainError(f"docker build of {tag} failed (see the build log above)")
     seconds = time.monotonic() - start
     image_id, size = _image_inspect(tag, "{{.Id}} {{.Size}}").split()

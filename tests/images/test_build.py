@@ -92,7 +92,15 @@ def test_runtime_image_size_within_target(image):
     assert image.size_bytes <= 1.5e9, f"{image.size_bytes / 1e9:.2f} GB"
 
 
-def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image):
-    again = images.build(images.TARGETS["amd64"], cache_dir, base_image=amd64_image.base_image)
-    assert again.image_id == amd64_image.image_id
-    assert images.prepare_wheelhouse(images.TARGETS["amd64"], cache_dir).reused
+def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image, tmp_path):
+    assert images.prepare_wheelhouse(images.TARGETS["amd64"], cache_dir, log=lambda _: None).reused
+    log = tmp_path / "build.log"
+    with log.open("w") as out:
+        again = images.build(images.TARGETS["amd64"], cache_dir, base_image=amd64_image.base_image, output=out)
+    lines = log.read_text().splitlines()
+    steps = {i: line for i, line in enumerate(lines) if line.startswith("Step ")}
+    compile_steps = [i for i, line in steps.items() if "pip wheel" in line]
+    assert len(compile_steps) == 2  # Horovod and mpi4py
+    for i in compile_steps:
+        assert lines[i + 1].strip() == "---> Using cache", steps[i]
+    print(f"cached rebuild: {again.seconds:.0f} s")

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 def dockerfile_default(name: str) -> str:
     text = (images.project_root() / "images" / "Dockerfile.cuda").read_text()
-    return re.search(rf"^ARG {name}=(\S+)$", text, re.M).group(1)
+    return re.search(rf"^ARG {name}=(\S+)$", text, re.MULTILINE).group(1)
 
 
 def test_cuda_image_builds_with_nccl(engine, cache_dir):
