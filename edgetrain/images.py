@@ -106,6 +106,11 @@ def _run(cmd: list[str], what: str, fix: str | None = None, **kwargs) -> subproc
     return proc
 
 
+def _need(tool: str, package: str) -> None:
+    if shutil.which(tool) is None:
+        raise EdgetrainError(f"{tool} is not installed on this machine", f"install it (Debian: apt-get install {package})")
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -260,6 +265,7 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
     """
     if not tgt.debootstrap_base:
         raise EdgetrainError(f"the {tgt.name} image builds on an NVIDIA CUDA base, not on Debian", "load the CUDA base image into the engine (docker load) and pass --base-image")
+    _need("docker", "docker.io")
     tag = base_tag(tgt, suite)
     tarball = cache_dir / "base" / f"{suite}-{tgt.docker_arch}.tar"
     sha_file = tarball.with_suffix(".tar.sha256")
@@ -269,8 +275,7 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
         sha = None
     if sha is None:
         _require_emulation(tgt)
-        if shutil.which("debootstrap") is None:
-            raise EdgetrainError("debootstrap is not installed", "apt-get install debootstrap")
+        _need("debootstrap", "debootstrap")
         tarball.parent.mkdir(parents=True, exist_ok=True)
         log(f"base: debootstrap {suite} {tgt.docker_arch} from {mirror}")
         with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
@@ -353,6 +358,7 @@ def build(
     dockerfile = project_root() / "images" / tgt.dockerfile
     if not dockerfile.exists():
         raise EdgetrainError(f"{dockerfile} not found", "run image builds from an edgetrain source checkout")
+    _need("docker", "docker.io")
     _require_emulation(tgt)
     tag = tag or tgt.tag
     if base_image is None and tgt.debootstrap_base and _image_inspect(base_tag(tgt), "{{.Id}}"):
@@ -427,7 +433,11 @@ def _node_image_id(host: Host, ref: str) -> str | None:
 
 
 def docker_hosts(inventory: Inventory) -> list[Host]:
-    return [h for h in inventory.hosts if h.runtime == "docker"]
+    hosts = [h for h in inventory.hosts if h.runtime == "docker"]
+    _need("docker", "docker.io")
+    if any(not h.is_local for h in hosts):
+        _need("ssh", "openssh-client")
+    return hosts
 
 
 @dataclass(frozen=True)
