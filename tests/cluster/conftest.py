@@ -7,18 +7,18 @@ removes a testbed left behind by a killed session.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
+import subprocess
 import tarfile
-import io
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from .playbook import Playbook
-from .testbed import Testbed
+from .testbed import Testbed, run
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -55,8 +55,6 @@ def playbook(testbed) -> Playbook:
 
 def _probe_image_archive(bed: Testbed) -> str:
     """A one-file image saved from node1's engine, then removed there, for the images role to load."""
-    from .testbed import run
-
     n = bed.state.head
     docker = ["docker", "-H", f"unix://{n.docker_sock}"]
     buf = io.BytesIO()
@@ -65,8 +63,6 @@ def _probe_image_archive(bed: Testbed) -> str:
         info = tarfile.TarInfo("probe.txt")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    import subprocess
-
     subprocess.run(docker + ["import", "-", PROBE_IMAGE], input=buf.getvalue(), check=True, capture_output=True)
     archive = f"{bed.state.dir}/probe-image.tar"
     run(*docker, "save", "--output", archive, PROBE_IMAGE)
@@ -87,6 +83,15 @@ def site_vars(testbed) -> Path:
     }
     if testbed.state.docker:
         vars_["images_archives"] = [{"src": _probe_image_archive(testbed), "ref": PROBE_IMAGE}]
+    # The CLI is built from a snapshot of the checkout, so that edits made while the suite runs
+    # cannot show up as changes between two runs (and the build leaves the checkout untouched).
+    source = Path(testbed.state.dir) / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "edgetrain", source / "edgetrain", ignore=shutil.ignore_patterns("__pycache__"))
+    vars_["edgetrain_source_dir"] = str(source)
     path = Path(testbed.state.dir) / "site-vars.yml"
     path.write_text(yaml.safe_dump(vars_))
     return path
@@ -100,11 +105,17 @@ def converged(playbook, site_vars):
     return result
 
 
+FIGURES: dict[str, str] = {}
+
+
 @pytest.fixture(scope="session")
-def report(request):
-    """Figures measured by the tests, printed at the end of the session."""
-    figures: dict[str, str] = {}
-    yield figures
-    if figures:
-        lines = "\n".join(f"  {k}: {v}" for k, v in figures.items())
-        request.config.pluginmanager.get_plugin("terminalreporter").write_line(f"\ntestbed figures:\n{lines}")
+def report() -> dict[str, str]:
+    """Figures measured by the tests (times, bandwidth), printed in the terminal summary."""
+    return FIGURES
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.write_sep("-", "testbed figures")
+        for key, value in FIGURES.items():
+            terminalreporter.write_line(f"{key}: {value}")

@@ -37,6 +37,16 @@ class Result:
     def changed(self) -> dict[str, int]:
         return {h: r["changed"] for h, r in self.recap.items()}
 
+    def changed_tasks(self) -> list[str]:
+        """'TASK name: host' for every task result reported as changed."""
+        found, task = [], None
+        for line in self.output.splitlines():
+            if line.startswith(("TASK [", "RUNNING HANDLER [")):
+                task = line.split("[", 1)[1].rsplit("]", 1)[0]
+            elif line.startswith("changed: ["):
+                found.append(f"{task}: {line.split('[', 1)[1].split(']', 1)[0]}")
+        return found
+
     def check(self) -> Result:
         bad = {h: r for h, r in self.recap.items() if r["failed"] or r["unreachable"]}
         assert self.returncode == 0 and not bad, f"{' '.join(self.args)} failed ({self.returncode}):\n{self.output[-6000:]}"

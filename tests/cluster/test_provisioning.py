@@ -25,12 +25,12 @@ def test_site_converges_on_fresh_nodes(converged, testbed, report):
 def test_second_run_changes_nothing(converged, playbook, site_vars, report):
     again = playbook.run("playbooks/site.yml", "-e", f"@{site_vars}").check()
     report["re-run, 3 nodes"] = f"{again.seconds:.0f} s, changed={sum(again.changed().values())}"
-    assert again.changed() and set(again.changed().values()) == {0}, again.changed()
+    assert again.changed() and set(again.changed().values()) == {0}, again.changed_tasks()
 
 
 def test_check_mode_on_converged_cluster(converged, playbook, site_vars):
     check = playbook.run("playbooks/site.yml", "--check", "-e", f"@{site_vars}").check()
-    assert set(check.changed().values()) == {0}, check.changed()
+    assert set(check.changed().values()) == {0}, check.changed_tasks()
 
 
 def test_nodes_are_named_after_the_inventory(converged, testbed):
@@ -98,11 +98,12 @@ def test_datasets_staged_and_verified(converged, testbed, site_vars, playbook):
         sums = testbed.ssh(n, f"sha256sum {paths}").stdout.split()[::2]
         assert sums == [f["sha256"] for f in files]
 
-    # A corrupted copy is found by its checksum and replaced.
+    # A corrupted copy is found by its checksum and replaced. The nodes share this file, so the
+    # first node to get there repairs it for all of them.
     staged = Path(testbed.state.dir, "datasets", files[0]["dest"])
     staged.write_bytes(b"corrupt")
     repair = playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}").check()
-    assert all(repair.changed()[n.name] > 0 for n in testbed.state.nodes), repair.changed()
+    assert sum(repair.changed()[n.name] for n in testbed.state.nodes) >= 1, repair.changed()
     assert hashlib.sha256(staged.read_bytes()).hexdigest() == files[0]["sha256"]
 
 
