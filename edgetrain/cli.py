@@ -37,7 +37,7 @@ def run(
     max_steps: Annotated[Optional[int], typer.Option(help="At most this many training steps and validation batches per epoch (smoke tests).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Stop once the averaged validation accuracy reaches this fraction.")] = None,
-    warmup_epochs: Annotated[int, typer.Option(help="Epochs of linear learning-rate warmup to the scaled rate.")] = 1,
+    warmup_epochs: Annotated[float, typer.Option(help="Epochs (a fraction is fine) of linear learning-rate warmup to the scaled rate.")] = 0.25,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run from its newest checkpoint.")] = None,
     depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
     width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,

@@ -38,7 +38,7 @@ class RunRequest:
     max_steps: int | None = None
     seed: int = 42
     target_accuracy: float | None = None
-    warmup_epochs: int = 1
+    warmup_epochs: float = 0.25
     options: dict = field(default_factory=dict)
     inventory: Path | None = None
     group: str | None = None
@@ -79,6 +79,8 @@ def _check_numbers(req: RunRequest) -> None:
     for name, value in (("--epochs", req.epochs), ("--batch-size", req.batch_size), ("--max-steps", req.max_steps)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value} must be at least 1")
+    if req.warmup_epochs < 0:
+        raise UsageError(f"--warmup-epochs {req.warmup_epochs} cannot be negative", "use 0 for no warmup")
     if req.target_accuracy is not None and not 0 < req.target_accuracy <= 1:
         raise UsageError(f"--target-accuracy {req.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
 

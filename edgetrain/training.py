@@ -46,7 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--target-accuracy", type=float, default=None)
-    p.add_argument("--warmup-epochs", type=int, default=1)
+    p.add_argument("--warmup-epochs", type=float, default=0.25)
     p.add_argument("--resume-from", type=Path, default=None, help="checkpoint directory (read by rank 0)")
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
@@ -142,23 +142,23 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     train_ds = train_ds.prefetch(tf.data.AUTOTUNE)
     test_ds = tf.data.Dataset.from_tensor_slices((test_split.x, test_split.y)).batch(args.batch_size)
 
+    schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
+
+    def lr_multiplier(epoch: float) -> float:
+        """Linear warmup from the single-rank rate to the scaled one, then the job's schedule.
+        ``epoch`` is fractional, so both act within an epoch, which short runs need."""
+        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (size - 1) / args.warmup_epochs) / size
+        return warm * schedule(epoch, args.epochs)
+
     callbacks = [
         # Averages the logs in place: every callback after it sees the cluster-wide numbers.
         hvd.callbacks.MetricAverageCallback(),
         # Keras 2.11+ optimizers hold momentum as a float, which Horovod's momentum correction
-        # cannot rescale; the warmup is short enough to do without it.
-        hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False
+        # cannot rescale; the rate changes gradually enough to do without it.
+        hvd.callbacks.LearningRateScheduleCallback(
+            initial_lr=lr, multiplier=lr_multiplier, staircase=False, steps_per_epoch=steps, momentum_correction=False
         ),
     ]
-    multiplier = getattr(job, "lr_multiplier", None)
-    if multiplier is not None:
-        callbacks.append(
-            hvd.callbacks.LearningRateScheduleCallback(
-                initial_lr=lr, start_epoch=args.warmup_epochs, multiplier=lambda e: multiplier(e, args.epochs),
-                momentum_correction=False,
-            )
-        )
     recorder = Recorder(args, events, steps, state, spec.name)
     callbacks.append(recorder)
 

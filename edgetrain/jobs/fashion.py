@@ -45,10 +45,10 @@ def optimizer(lr: float) -> tf.keras.optimizers.Optimizer:
     return tf.keras.optimizers.SGD(lr, momentum=0.9)
 
 
-def lr_multiplier(epoch: int, epochs: int) -> float:
-    """Step schedule: x0.1 at half the epochs, x0.01 at three quarters."""
+def lr_multiplier(epoch: float, epochs: int) -> float:
+    """Step schedule over the whole run: x0.1 at half of it, x0.01 at three quarters."""
     return 0.1 ** ((epoch >= epochs * 0.5) + (epoch >= epochs * 0.75))
 
 
 def augment() -> tf.keras.layers.Layer:
-    return tf.keras.Sequential([layers.RandomFlip("horizontal"), layers.RandomTranslation(0.2, 0.2)])
+    return tf.keras.Sequential([layers.RandomFlip("horizontal"), layers.RandomTranslation(0.2, 0.2, fill_mode="constant")])
