@@ -153,6 +153,7 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     callbacks = [
         # Averages the logs in place: every callback after it sees the cluster-wide numbers.
         hvd.callbacks.MetricAverageCallback(),
+        AverageNonTrainable(),
         # Keras 2.11+ optimizers hold momentum as a float, which Horovod's momentum correction
         # cannot rescale; the rate changes gradually enough to do without it.
         hvd.callbacks.LearningRateScheduleCallback(
@@ -179,6 +180,16 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     result = {"weights_sha256": digest, "stopped_early": recorder.reached_target, "last": recorder.last}
     events.emit("done", **result)
     return result
+
+
+class AverageNonTrainable(tf.keras.callbacks.Callback):
+    """Averages non-trainable state (BatchNorm's moving statistics) over ranks before each
+    validation: gradients keep the trainable weights identical, but each rank's statistics come
+    from its own shard. Afterwards every rank holds the same model as rank 0's checkpoint."""
+
+    def on_test_begin(self, logs=None):
+        for v in self.model.non_trainable_variables:
+            v.assign(hvd_tf.allreduce(v, op=hvd_tf.Average, name=f"sync.{v.name}"))
 
 
 class Recorder(tf.keras.callbacks.Callback):
