@@ -379,9 +379,12 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             "docker_verify_engine": s.docker,
             "mpich_record_file": f"{s.dir}/mpich-version",
             "datasets_dir": f"{s.dir}/datasets",
+            "images_stage_dir": f"{s.dir}/images-stage",
             "machinefile_dir": f"{s.dir}/mpi",
             "edgetrain_venv": f"{s.dir}/edgetrain-venv",
             "edgetrain_install_deps": False,
+            # /usr/local/bin is the machine's own.
+            "edgetrain_bin_link": "",
         }
         cluster_vars.update(extra_vars or {})
         hosts = {n.name: {"ansible_host": n.address} for n in s.nodes}
