@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .bench import DEFAULT_SIZES, LINE_RATE_MB_S, allreduce_bandwidth
 from .testbed import DEFAULT_ROOT, Testbed
 
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="mpi4py allreduce bandwidth between two nodes of a provisioned testbed")
     bench.add_argument("id")
     bench.add_argument("--python", default=sys.executable, help="interpreter with mpi4py, on the shared filesystem")
+    bench.add_argument("--mib", type=int, nargs="+", default=[s >> 20 for s in DEFAULT_SIZES], help="message sizes")
     args = p.parse_args(argv)
 
     if args.cmd == "up":
@@ -35,10 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
     elif args.cmd == "bench":
-        from .bench import allreduce_bandwidth
-
-        for row in allreduce_bandwidth(Testbed.load(args.id), python=args.python):
-            print(f"{row['bytes'] / 2**20:8.0f} MiB  {row['seconds'] * 1e3:9.1f} ms  {row['mb_per_s']:7.1f} MB/s")
+        bed = Testbed.load(args.id)
+        link = "tbf 1 Gbit/s" if bed.state.shaped else "unshaped"
+        print(f"MPI_Allreduce, 2 ranks on {bed.state.nodes[0].name} and {bed.state.nodes[1].name}, UCX_TLS=tcp,self, links {link}")
+        for row in allreduce_bandwidth(bed, python=args.python, sizes=[m << 20 for m in args.mib]):
+            print(f"{row['bytes'] >> 20:6d} MiB  {row['seconds'] * 1e3:8.1f} ms  {row['mb_per_s']:6.1f} MB/s"
+                  f"  {100 * row['mb_per_s'] / LINE_RATE_MB_S:3.0f}% of {LINE_RATE_MB_S:.0f} MB/s")
     return 0
 
 
