@@ -54,10 +54,10 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone for our purposes
 
 
 def _stop(pid: int, timeout: float = 10.0) -> None:
