@@ -37,8 +37,8 @@ JOBS = {
             "fashion-mnist",
             "edgetrain.jobs.fashion",
             "residual WideResNet-style network on Fashion-MNIST (SGD, step schedule, augmentation)",
-            batch_size=64,
-            options={"depth": 1, "width": 16},
+            batch_size=32,
+            options={"depth": 2, "width": 16},
         ),
     )
 }
