@@ -247,8 +247,7 @@ def base_tag(tgt: Target, suite: str = DEBIAN_SUITE) -> str:
 
 
 def _require_emulation(tgt: Target) -> None:
-    host_arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine)
-    if tgt.docker_arch == host_arch:
+    if tgt.machine == os.uname().machine:
         return
     if not Path(f"/proc/sys/fs/binfmt_misc/qemu-{tgt.machine}").exists():
         raise EdgetrainError(
@@ -499,8 +498,7 @@ def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
     for host in hosts:
         tag = image_for(host)
         image_id, arch = _local_image(tag, [host])
-        want_arch = {"aarch64": "arm64", "x86_64": "amd64"}[host.arch]
-        if arch != want_arch:
+        if arch != target_for(host).docker_arch:
             raise EdgetrainError(f"image {tag} is {arch} but {host.name} is {host.arch}", "set edgetrain_image for the node to an image of its arch")
         if _node_image_id(host, tag) == image_id:
             log(f"{host.name}: {tag} {image_id[7:19]} already present")
