@@ -19,3 +19,10 @@ train: setup
 test:
 	EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The arm64 (Raspberry Pi 4) image, built and checked under qemu emulation: hours on 2 cores.
+test-arm64:
+	EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES) qemu-user-static binfmt-support" scripts/setup
+	mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+	update-binfmts --enable qemu-aarch64
+	$(VENV)/bin/python -m pytest -m arm64 tests/images $(PYTEST_ARGS)

@@ -70,10 +70,6 @@ def image(request, engine, cache_dir) -> images.BuildResult:
     return build_target(request.param, engine, cache_dir)
 
 
-def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "arm64: builds and checks the arm64 image under qemu (opt-in: -m arm64)")
-
-
 def pytest_collection_modifyitems(config, items) -> None:
     # Opt-in, not skipped: the emulated build takes far longer than the rest of the suite.
     if "arm64" in (config.option.markexpr or ""):
