@@ -11,15 +11,20 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from . import collect as collecting
-from . import datasets, doctor as doctoring, launch, runs
+from . import datasets, launch, runs
+from . import doctor as doctoring
+from . import images as imaging
+from . import inventory as inventories
 from .errors import EdgetrainError, Interrupted
 from .progress import ConsoleProgress
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Data-parallel training on edge clusters.")
 runs_app = typer.Typer(no_args_is_help=True, help="Inspect run directories.")
 data_app = typer.Typer(no_args_is_help=True, help="Find, verify, import and fetch datasets.")
+images_app = typer.Typer(no_args_is_help=True, help="Build training images offline and ship them to the nodes.")
 app.add_typer(runs_app, name="runs")
 app.add_typer(data_app, name="data")
+app.add_typer(images_app, name="images")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -168,12 +173,6 @@ def data_fetch(
     console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
 
 
-# --- images: the training images (work in edgetrain/images.py) -------------------------------------
-from . import images as imaging  # noqa: E402
-from . import inventory as inventories  # noqa: E402
-
-images_app = typer.Typer(no_args_is_help=True, help="Build training images offline and ship them to the nodes.")
-app.add_typer(images_app, name="images")
 ImageArchArg = Annotated[str, typer.Option("--arch", help="arm64 (Raspberry Pi 4), amd64 (x86_64 CPU) or cuda (NVIDIA GPU).")]
 CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
 
@@ -221,8 +220,6 @@ def images_list(inventory: InventoryOpt = None) -> None:
     for row in imaging.list_images(inventories.load(inventory)):
         table.add_row(row.host, row.tag, row.image_id[7:19], row.arch, row.created)
     console.print(table)
-# --- end images ----------------------------------------------------------------------------------
-
 
 
 def main() -> None:
