@@ -129,8 +129,8 @@ def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
     plan = placement.plan(inv, req.np, req.group)
     if any(h.runtime != "host" for h in plan.hosts):
         raise EdgetrainError(
-            "this inventory runs ranks in containers, which `edgetrain run` supports only on the host runtime so far",
-            "use an inventory with edgetrain_runtime: host (e.g. the default inventories/local)",
+            f"inventory {inv.source} runs ranks in containers (edgetrain_runtime: docker), which edgetrain run cannot launch yet",
+            "use hosts with edgetrain_runtime: host, such as the default inventories/local",
         )
     mpirun = mpirun_path()
     files = datasets.locate(spec.dataset, req.data_dir)
