@@ -223,23 +223,9 @@ def images_list(inventory: InventoryOpt = None) -> None:
 
 
 def main() -> None:
+    # Typer's standalone mode handles its own usage errors (exit 2); ours become one line here.
     try:
-        app(standalone_mode=False)
+        app()
     except EdgetrainError as exc:
         err_console.print(f"edgetrain: error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("edgetrain: interrupted", markup=False)
-        sys.exit(130)
-    except (typer.Exit, SystemExit) as exc:
-        code = getattr(exc, "exit_code", getattr(exc, "code", 0))
-        sys.exit(code)
-    except Exception as exc:  # click usage errors carry their own formatting
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        raise

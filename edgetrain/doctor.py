@@ -16,7 +16,7 @@ from .errors import EdgetrainError
 MIN_FREE_DISK = 2 * 1024**3
 HOROVOD_BUILD = (
     "import json, horovod.tensorflow as hvd; "
-    "print(json.dumps({'mpi': bool(hvd.mpi_built()), 'tensorflow': True}))"
+    "print(json.dumps({'mpi': bool(hvd.mpi_built())}))"
 )
 
 

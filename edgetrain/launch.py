@@ -52,7 +52,6 @@ class Prepared:
     run: runs.Run
     placement: placement.Placement
     argv: list[str]
-    resume_from: checkpoints.Checkpoint | None
 
 
 @dataclass
@@ -188,7 +187,7 @@ def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
         attempts=previous.get("attempts", []) + [attempt],
         status="starting",
     )
-    return Prepared(run, plan, cmd, resume_from)
+    return Prepared(run, plan, cmd)
 
 
 def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str | None, str | None, list[str]]:

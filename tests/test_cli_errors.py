@@ -125,3 +125,8 @@ def test_data_import_of_a_stranger(tmp_path):
 def test_runs_list_and_show(existing_runs):
     r = edgetrain("runs", "list", "--runs-dir", str(existing_runs))
     assert r.returncode == 0 and "20260101-000000-lenet-abcd" in r.stdout and "epoch 1" in r.stdout
+
+
+def test_missing_argument_is_a_usage_error():
+    r = edgetrain("run")
+    assert r.returncode == 2 and "Missing argument" in r.stderr and "Traceback" not in r.stderr
