@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -30,6 +31,7 @@ err_console = Console(stderr=True)
 
 InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
+GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 
 
@@ -47,7 +49,9 @@ def run(
     depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
     width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,
     inventory: InventoryOpt = None,
-    group: Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")] = None,
+    group: GroupOpt = None,
+    runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+    hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
 ) -> None:
@@ -55,14 +59,23 @@ def run(
     options = {k: v for k, v in (("depth", depth), ("width", width)) if v is not None}
     req = launch.RunRequest(job=job, np=np, epochs=epochs, batch_size=batch_size, max_steps=max_steps, seed=seed,
                             target_accuracy=target_accuracy, warmup_epochs=warmup_epochs, options=options,
-                            inventory=inventory, group=group, runs_dir=runs_dir, data_dir=data_dir, resume=resume)
+                            inventory=inventory, group=group, runtime=runtime, runs_dir=runs_dir, data_dir=data_dir,
+                            resume=resume, hang_timeout=hang_timeout)
+    # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     prep = launch.prepare(req)
     if prep.placement.oversubscribed:
         host, n = prep.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
     console.print(f"run {prep.run.id}: logs and checkpoints in {prep.run.path}")
+    if prep.cluster is not None:
+        console.print(f"preflight ok on {', '.join(h.name for h in prep.placement.hosts)}; "
+                      f"MPI probe over {prep.placement.np} ranks in {prep.cluster.probe.seconds:.1f} s")
     with ConsoleProgress(console) as bar:
         outcome = launch.execute(prep, bar.event, lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
+    for problem in outcome.cleanup_errors:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
     if outcome.status == "completed":
         m = outcome.last_metrics
         done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if m else ""
@@ -85,25 +98,56 @@ def run(
 def collect(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")],
     dest: Annotated[Path, typer.Option(help="Directory to copy the run into (as DEST/<run-id>/).")],
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
-    """Copy a run's checkpoints, metrics and logs to DEST, verifying every checkpoint file."""
-    result = collecting.collect_local(runs.find(runs_dir, run_id), dest)
+    """Copy a run's checkpoints, metrics and logs to DEST (from its rank-0 node for container runs), verifying every checkpoint file."""
+    run = runs.find(runs_dir, run_id)
+    where = run.info().get("placement", {})
+    if where.get("runtime") == "docker":
+        inv = inventories.load(inventory or Path(where["inventory"]))
+        result = collecting.collect_remote(run, inv, dest)
+    else:
+        result = collecting.collect_local(run, dest)
     console.print(f"{result.dest}: checkpoints {', '.join(map(str, result.checkpoints))} verified; "
                   f"{len(result.copied)} files copied, {len(result.unchanged)} already there")
 
 
 @app.command()
-def doctor(runs_dir: RunsDirOpt = Path("runs"), data_dir: DataDirOpt = None) -> None:
-    """Check that this machine can train: MPICH, Horovod (TF + MPI), an mpi4py probe, datasets, disk."""
-    checks = doctoring.local_checks(runs_dir, data_dir)
-    table = Table("check", "", "detail", box=None)
-    for c in checks:
-        table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+def doctor(
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
+    np: Annotated[Optional[int], typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
+    group: GroupOpt = None,
+    job: Annotated[str, typer.Option(help="Whose dataset to verify on the nodes.")] = "lenet",
+    runs_dir: RunsDirOpt = Path("runs"),
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Check that this machine (or with -i, every node of a cluster) can train."""
+    if inventory is None:
+        checks = doctoring.local_checks(runs_dir, data_dir)
+        table = Table("check", "", "detail", box=None)
+        for c in checks:
+            table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+        console.print(table)
+        failed = [c.name for c in checks if not c.ok]
+        if failed:
+            raise EdgetrainError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+        return
+    report = doctoring.check_cluster(inventories.load(inventory), np, group, job)
+    table = Table("node", "check", "", "detail", box=None)
+    for node in report.nodes:
+        for c in node.checks:
+            table.add_row(node.host.name, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
     console.print(table)
-    failed = [c.name for c in checks if not c.ok]
+    if report.probe is not None:
+        ranks = Table("rank", "host", "arch", "TensorFlow", "Horovod", "MPI", box=None)
+        for r in report.probe.ranks:
+            ranks.add_row(str(r["rank"]), r["host"], r["arch"], r["tensorflow"], r["horovod"], r["mpi"])
+        console.print(ranks)
+        console.print(f"MPI probe: {len(report.probe.ranks)} ranks, allreduce ok, {report.probe.seconds:.1f} s")
+    failed = [f"{n.host.name} ({n.failure.name})" for n in report.nodes if n.failure]
     if failed:
-        raise EdgetrainError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+        raise EdgetrainError(f"preflight failed on {', '.join(failed)}")
 
 
 @runs_app.command("list")
@@ -220,6 +264,10 @@ def images_list(inventory: InventoryOpt = None) -> None:
     for row in imaging.list_images(inventories.load(inventory)):
         table.add_row(row.host, row.tag, row.image_id[7:19], row.arch, row.created)
     console.print(table)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:

@@ -156,13 +156,32 @@ class DatasetFiles:
         return f"{self.dataset} ({self.fmt}) in {self.paths[0].parent} [{self.origin}]"
 
 
+def _corrupt(where: str, known: KnownFile, actual: str, fix: str) -> EdgetrainError:
+    return EdgetrainError(f"dataset file {where} is corrupt or not the {known.dataset} {known.filename} (sha256 {actual[:16]}...)", fix)
+
+
 def verify_file(path: Path, known: KnownFile) -> None:
     actual = sha256_file(path)
     if actual not in known.sha256:
-        raise EdgetrainError(
-            f"dataset file {path} is corrupt or not the {known.dataset} {known.filename} (sha256 {actual[:16]}...)",
-            f"delete it and run: edgetrain data fetch {known.dataset} (or edgetrain data import FILE)",
-        )
+        raise _corrupt(str(path), known, actual, f"delete it and run: edgetrain data fetch {known.dataset} (or edgetrain data import FILE)")
+
+
+def candidate_names(dataset: str) -> list[str]:
+    """Every file name a copy of the dataset may consist of, in any format."""
+    return sorted({k.filename for k in KNOWN_FILES if k.dataset == _check_dataset(dataset)})
+
+
+def choose_format(dataset: str, digests: dict[str, str], where: str, fix: str) -> str:
+    """The first complete format among files hashed elsewhere (``{file name: sha256}``, e.g. on a
+    node), with every file of it verified; as in ``locate``, a corrupt file is an error."""
+    for fmt in FORMATS[dataset]:
+        known = files_of(dataset, fmt)
+        if all(k.filename in digests for k in known):
+            for k in known:
+                if digests[k.filename] not in k.sha256:
+                    raise _corrupt(f"{where}/{k.filename}", k, digests[k.filename], fix)
+            return fmt
+    raise EdgetrainError(f"dataset {dataset} not found in {where}", fix)
 
 
 def _complete_set(loc: Location, dataset: str) -> DatasetFiles | None:

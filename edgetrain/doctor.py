@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import secrets
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import datasets, launch, runs
+from . import containers, datasets, images, jobs, launch, placement, runs
 from .errors import EdgetrainError
+from .inventory import Host, Inventory
+from .placement import Placement
+from .remote import Nodes
 
 MIN_FREE_DISK = 2 * 1024**3
 HOROVOD_BUILD = (
@@ -89,3 +96,176 @@ def local_checks(runs_dir: Path, data_dir: Path | None = None) -> list[Check]:
         except (OSError, subprocess.TimeoutExpired) as exc:
             results.append(Check(name, False, str(exc)))
     return results
+
+
+# --- a cluster: every node of a placement, then an MPI probe across their containers ------------
+
+
+@dataclass
+class NodeReport:
+    host: Host
+    checks: list[Check] = field(default_factory=list)
+    runs_dir: str | None = None  # the node's runs directory, absolute
+    image_id: str | None = None
+    data_format: str | None = None
+
+    @property
+    def failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+
+def _node_checks(nodes: Nodes, host: Host, dataset: str, expected_id: str | None, fix_data: str) -> NodeReport:
+    rep = NodeReport(host)
+
+    def step(name: str, fn: Callable[[], str]) -> bool:
+        try:
+            rep.checks.append(Check(name, True, fn()))
+            return True
+        except EdgetrainError as exc:
+            rep.checks.append(Check(name, False, str(exc)))
+            return False
+
+    def engine() -> str:
+        version = nodes.check(host, ["docker", "version", "--format", "{{.Server.Version}}"], "asking the Docker engine",
+                              "start Docker on the node, and let the ssh user use it (ansible-playbook ... --tags docker)")
+        left = containers.leftovers(nodes, host)
+        if left:
+            raise EdgetrainError(f"container {left[0]} of another run is still on {host.name}",
+                                 f"if no run is going, remove it: docker rm -f {' '.join(left)}")
+        return f"Docker {version.strip()}"
+
+    def image() -> str:
+        tag = images.image_for(host)
+        proc = nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}}", tag])
+        if proc.returncode != 0:
+            raise EdgetrainError(f"{host.name} has no image {tag}", "edgetrain images distribute -i INVENTORY")
+        rep.image_id, arch = proc.stdout.split()
+        want = images.target_for(host).docker_arch
+        if arch != want:
+            raise EdgetrainError(f"{tag} on {host.name} is {arch}, the node is {want}", "set edgetrain_image to an image of its arch")
+        if expected_id and rep.image_id != expected_id:
+            raise EdgetrainError(f"{tag} on {host.name} is {rep.image_id[7:19]}, this machine's is {expected_id[7:19]}",
+                                 "edgetrain images distribute -i INVENTORY")
+        return f"{tag} {rep.image_id[7:19]} ({arch})"
+
+    def data() -> str:
+        where = f"{containers.datasets_dir(host)}/{dataset}"
+        script = f"cd {shlex.quote(where)} 2>/dev/null && sha256sum -- {' '.join(datasets.candidate_names(dataset))} 2>/dev/null; true"
+        out = nodes.check(host, ["sh", "-c", script], "hashing the dataset")
+        digests = {name: digest for digest, name in (line.split(None, 1) for line in out.splitlines() if line.strip())}
+        rep.data_format = datasets.choose_format(dataset, digests, f"{host.name}:{where}", fix_data)
+        return f"{dataset} ({rep.data_format}) in {where}, sha256 verified"
+
+    def disk() -> str:
+        d = containers.runs_dir(host)
+        out = nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && pwd && df -Pk ."], f"creating {d}")
+        lines = out.splitlines()
+        rep.runs_dir, free = lines[0], int(lines[-1].split()[3]) * 1024
+        if free < MIN_FREE_DISK:
+            raise EdgetrainError(f"only {free / 1024**3:.1f} GiB free in {rep.runs_dir} on {host.name}",
+                                 "free some disk or set edgetrain_runs_dir for the node")
+        return f"{rep.runs_dir}, {free / 1024**3:.0f} GiB free"
+
+    def ssh() -> str:
+        nodes.check(host, ["true"], "ssh")
+        return f"{host.ssh_target} port {host.port}"
+
+    if not step("ssh", ssh):
+        return rep
+    if step("docker", engine):
+        step("image", image)
+    step("dataset", data)
+    step("disk", disk)
+    return rep
+
+
+def check_nodes(nodes: Nodes, plan: Placement, dataset: str, inventory_source: Path) -> list[NodeReport]:
+    """Every check on every node of the placement, in parallel; nothing is changed but run dirs."""
+    expected = {tag: images.local_image_id(tag) for tag in {images.image_for(h) for h in plan.hosts}}
+    fix_data = f"stage it: ansible-playbook -i {inventory_source} playbooks/site.yml --tags datasets"
+    with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
+        reports = list(pool.map(lambda h: _node_checks(nodes, h, dataset, expected[images.image_for(h)], fix_data), plan.hosts))
+    # With no copy on this machine to compare with, the nodes must at least agree with each other.
+    for tag, want in expected.items():
+        held = [r for r in reports if images.image_for(r.host) == tag and r.image_id]
+        if want is None and held:
+            ref = held[0]
+            for r in held[1:]:
+                if r.image_id != ref.image_id:
+                    r.checks.append(Check("image", False, f"{tag} on {r.host.name} is {r.image_id[7:19]} but {ref.image_id[7:19]} on {ref.host.name}"))
+    formats = {r.data_format for r in reports if r.data_format}
+    if len(formats) > 1:
+        for r in reports[1:]:
+            if r.data_format and r.data_format != reports[0].data_format:
+                r.checks.append(Check("dataset", False, f"{dataset} is {r.data_format} files on {r.host.name}, {reports[0].data_format} on {reports[0].host.name}"))
+    return reports
+
+
+def require(reports: list[NodeReport]) -> None:
+    for r in reports:
+        if r.failure:
+            raise EdgetrainError(f"preflight: {r.host.name}: {r.failure.name}: {r.failure.detail}")
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    ranks: list[dict]
+    seconds: float
+
+
+def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
+    """mpi4py across the planned ranks inside the containers: where each runs, with what, and one allreduce."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.probe"]), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s",
+                             "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345") from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        last = (proc.stderr.strip().splitlines() or lines or ["no output"])[-1]
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks failed: {last}",
+                             "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345")
+    report = json.loads(lines[-1])
+    if not report["allreduce_ok"]:
+        raise EdgetrainError(f"the MPI probe's allreduce over {report['size']} ranks gave a wrong sum")
+    keys = ("tensorflow", "horovod", "mpi")
+    ref = report["ranks"][0]
+    for r in report["ranks"]:
+        for k in keys:
+            if r[k] != ref[k]:
+                raise EdgetrainError(f"rank {r['rank']} on {r['host']} has {k} {r[k]}, rank 0 on {ref['host']} has {ref[k]}",
+                                     "rebuild and distribute the images so every node runs the same versions")
+    return ProbeReport(report["ranks"], time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class ClusterReport:
+    nodes: list[NodeReport]
+    probe: ProbeReport | None  # None when a node check failed first
+
+
+def check_cluster(inv: Inventory, np: int | None, group: str | None, job: str) -> ClusterReport:
+    """``edgetrain doctor -i``: every node check, then the MPI probe in throwaway containers."""
+    spec = jobs.get(job)
+    hosts = placement.select(inv, group)
+    if any(h.runtime != "docker" for h in hosts):
+        raise EdgetrainError(f"doctor -i checks nodes that run containers; {inv.source} has hosts with edgetrain_runtime host",
+                             "run edgetrain doctor on those hosts themselves")
+    plan = placement.plan(inv, np or sum(h.slots for h in hosts), group)
+    with Nodes() as nodes:
+        reports = check_nodes(nodes, plan, spec.dataset, inv.source)
+        if any(r.failure for r in reports):
+            return ClusterReport(reports, None)
+        probe_dirs = {r.host.name: f"{r.runs_dir}/.doctor" for r in reports}
+        running = containers.Containers(nodes, plan, f"doctor-{secrets.token_hex(3)}", probe_dirs,
+                                        {h.name: images.image_for(h) for h in plan.hosts})
+        try:
+            running.start()
+            probed = probe(nodes, running)
+        except EdgetrainError as exc:
+            reports[0].checks.append(Check("mpi probe", False, str(exc)))
+            return ClusterReport(reports, None)
+        finally:
+            running.remove()
+    return ClusterReport(reports, probed)

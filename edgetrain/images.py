@@ -31,6 +31,7 @@ from platformdirs import user_cache_path
 from . import __version__
 from .errors import EdgetrainError
 from .inventory import Host, Inventory, project_root
+from .remote import ssh_command
 
 DEFAULT_DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SUITE = "bookworm"
@@ -242,6 +243,13 @@ def _image_inspect(ref: str, fmt: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def local_image_id(ref: str) -> str | None:
+    """The image ID this machine's engine holds for ``ref``; None without the image, engine or CLI."""
+    if shutil.which("docker") is None:
+        return None
+    return _image_inspect(ref, "{{.Id}}")
+
+
 def base_tag(tgt: Target, suite: str = DEBIAN_SUITE) -> str:
     return f"{IMAGE_REPOSITORY}-base:{suite}-{tgt.docker_arch}"
 
@@ -400,17 +408,6 @@ def build(
 
 def image_for(host: Host) -> str:
     return host.image or target_for(host).tag
-
-
-def ssh_command(host: Host) -> list[str]:
-    """ssh to a node the way Ansible does, from the same inventory variables."""
-    hv = host.vars
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-p", str(host.port)]
-    if hv.get("ansible_ssh_private_key_file"):
-        cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
-    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        cmd += shlex.split(str(hv.get(key) or ""))
-    return [*cmd, host.ssh_target]
 
 
 def node_docker(host: Host, args: list[str]) -> list[str]:

@@ -10,17 +10,20 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, checkpoints, datasets, inventory, jobs, placement, progress, runs
+from . import __version__, checkpoints, containers, datasets, doctor, images, inventory, jobs, placement, progress, runs
 from .errors import EdgetrainError, UsageError
+from .remote import Nodes
 
 FAILED_RANK = re.compile(r"^edgetrain: rank (\d+) on (\S+) failed: (.*)$")
 RANK_PID = re.compile(r"^rank (\d+)/\d+ on (\S+) \(pid (\d+)\)")
@@ -42,9 +45,33 @@ class RunRequest:
     options: dict = field(default_factory=dict)
     inventory: Path | None = None
     group: str | None = None
+    runtime: str | None = None  # None: the inventory's edgetrain_runtime
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
     resume: str | None = None
+    hang_timeout: float = 300.0
+
+
+@dataclass
+class Cluster:
+    """A docker-runtime run's side on the nodes: the ssh session and the containers."""
+
+    nodes: Nodes
+    containers: containers.Containers
+    node_run_dirs: dict[str, str]
+    probe: doctor.ProbeReport
+
+    def finish(self, run: runs.Run) -> list[str]:
+        """Remove every container, then bring each node's rank logs (and rank 0's metrics) home."""
+        failed = self.containers.remove()
+        for host in self.containers.plan.hosts:
+            names = ["rank.*.log", "metrics.jsonl"] if host is self.containers.plan.head else ["rank.*.log"]
+            try:
+                self.nodes.fetch(host, self.node_run_dirs[host.name], names, run.path)
+            except EdgetrainError as exc:
+                failed.append(f"{host.name}: logs not copied: {exc}")
+        self.nodes.close()
+        return failed
 
 
 @dataclass
@@ -52,6 +79,9 @@ class Prepared:
     run: runs.Run
     placement: placement.Placement
     argv: list[str]
+    hang_timeout: float = 300.0
+    cluster: Cluster | None = None
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -64,6 +94,7 @@ class Outcome:
     failed_host: str | None = None
     failed_error: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    cleanup_errors: list[str] = field(default_factory=list)
 
 
 def _job_options(spec: jobs.JobSpec, given: dict) -> dict:
@@ -117,38 +148,14 @@ def mpich_version(mpirun: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
-    """Every check that can fail before anything starts, then the run directory and the command."""
-    spec = jobs.get(req.job)
-    options = _job_options(spec, req.options)
-    _check_numbers(req)
-    epochs = req.epochs or spec.epochs
-    batch = req.batch_size or spec.batch_size
-    inv = inventory.load(req.inventory)
-    plan = placement.plan(inv, req.np, req.group)
-    if any(h.runtime != "host" for h in plan.hosts):
-        raise EdgetrainError(
-            f"inventory {inv.source} runs ranks in containers (edgetrain_runtime: docker), which edgetrain run cannot launch yet",
-            "use hosts with edgetrain_runtime: host, such as the default inventories/local",
-        )
-    mpirun = mpirun_path()
-    files = datasets.locate(spec.dataset, req.data_dir)
-    root = runs.ensure_writable(req.runs_dir)
-
-    resume_from = None
-    if req.resume:
-        run, resume_from = _resume_point(root, req.resume, spec.name, epochs)
-    else:
-        run = runs.create(root, spec.name)
-
-    machinefile = run.path / "machinefile"
-    machinefile.write_text(plan.machinefile())
+def _worker(python: str, spec: jobs.JobSpec, req: RunRequest, run_dir: str, fmt: str, data_files: list[str],
+            epochs: int, batch: int, options: dict, resume_from: str | None) -> list[str]:
     worker = [
-        sys.executable, "-m", "edgetrain.training",
+        python, "-m", "edgetrain.training",
         "--job", spec.name,
-        "--run-dir", str(run.path.resolve()),
-        "--data-format", files.fmt,
-        "--data-files", *(str(p) for p in files.paths),
+        "--run-dir", run_dir,
+        "--data-format", fmt,
+        "--data-files", *data_files,
         "--epochs", str(epochs),
         "--batch-size", str(batch),
         "--seed", str(req.seed),
@@ -160,34 +167,155 @@ def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
     if req.target_accuracy is not None:
         worker += ["--target-accuracy", str(req.target_accuracy)]
     if resume_from is not None:
-        worker += ["--resume-from", str(resume_from.path.resolve())]
-    cmd = [mpirun, "-f", str(machinefile), "-n", str(req.np)]
-    iface = plan.head.iface
-    if len(plan.hosts) > 1 and iface:
-        cmd += ["-iface", iface]
-    cmd += worker
+        worker += ["--resume-from", resume_from]
+    return worker
 
+
+def _runtime(req: RunRequest, plan: placement.Placement) -> str:
+    if req.runtime is not None:
+        if req.runtime not in inventory.RUNTIMES:
+            raise UsageError(f"unknown --runtime {req.runtime!r}", f"use one of: {', '.join(inventory.RUNTIMES)}")
+        return req.runtime
+    found = {h.runtime for h in plan.hosts}
+    if len(found) > 1:
+        raise UsageError("the hosts of this run mix edgetrain_runtime host and docker", "pass --runtime docker or --runtime host")
+    return found.pop()
+
+
+def _record(run: runs.Run, req: RunRequest, spec: jobs.JobSpec, inv: inventory.Inventory, plan: placement.Placement,
+            runtime: str, cmd: list[str], epochs: int, batch: int, options: dict, resumed_epoch: int | None,
+            dataset: dict, versions: dict, argv: list[str] | None, nodes: dict | None = None) -> None:
     attempt = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": argv or sys.argv,
         "np": req.np,
         "epochs": epochs,
-        "resumed_from_epoch": resume_from.epoch if resume_from else None,
+        "resumed_from_epoch": resumed_epoch,
         "mpirun": cmd,
     }
     previous = run.info() if req.resume else {}
+    where = {"np": req.np, "oversubscribed": plan.oversubscribed, "inventory": str(inv.source), "runtime": runtime, "hosts": plan.describe()}
+    if nodes:
+        where["nodes"] = nodes
     run.update_info(
         id=run.id,
         job=spec.name,
-        dataset={"name": spec.dataset, "format": files.fmt, "files": {str(p): datasets.sha256_file(p) for p in files.paths}},
+        dataset=dataset,
         options={"batch_size": batch, "seed": req.seed, "warmup_epochs": req.warmup_epochs,
                  "max_steps": req.max_steps, "target_accuracy": req.target_accuracy, **options},
-        placement={"np": req.np, "oversubscribed": plan.oversubscribed, "inventory": str(inv.source), "hosts": plan.describe()},
-        versions={"edgetrain": __version__, "python": platform.python_version(), "mpich": mpich_version(mpirun)},
+        placement=where,
+        versions={"edgetrain": __version__, **versions},
         attempts=previous.get("attempts", []) + [attempt],
         status="starting",
     )
+
+
+def prepare(req: RunRequest, argv: list[str] | None = None) -> Prepared:
+    """Every check that can fail before anything starts, then the run directory and the command."""
+    started = time.monotonic()
+    spec = jobs.get(req.job)
+    options = _job_options(spec, req.options)
+    _check_numbers(req)
+    epochs = req.epochs or spec.epochs
+    batch = req.batch_size or spec.batch_size
+    inv = inventory.load(req.inventory)
+    plan = placement.plan(inv, req.np, req.group)
+    runtime = _runtime(req, plan)
+    if req.hang_timeout <= 0:
+        raise UsageError(f"--hang-timeout {req.hang_timeout} must be positive")
+    prep = (_prepare_docker if runtime == "docker" else _prepare_host)(req, spec, inv, plan, epochs, batch, options, argv)
+    prep.started, prep.hang_timeout = started, req.hang_timeout
+    return prep
+
+
+def _prepare_host(req, spec, inv, plan, epochs, batch, options, argv) -> Prepared:
+    if not plan.head.is_local:
+        raise EdgetrainError(
+            f"the host runtime starts mpirun on this machine, but rank 0's host {plan.head.name} is another machine",
+            "use --runtime docker, or run edgetrain on the head node",
+        )
+    mpirun = mpirun_path()
+    files = datasets.locate(spec.dataset, req.data_dir)
+    root = runs.ensure_writable(req.runs_dir)
+    resume_from = None
+    if req.resume:
+        run, resume_from = _resume_point(root, req.resume, spec.name, epochs)
+    else:
+        run = runs.create(root, spec.name)
+    machinefile = run.path / "machinefile"
+    machinefile.write_text(plan.machinefile())
+    worker = _worker(sys.executable, spec, req, str(run.path.resolve()), files.fmt, [str(p) for p in files.paths],
+                     epochs, batch, options, str(resume_from.path.resolve()) if resume_from else None)
+    cmd = [mpirun, "-f", str(machinefile), "-n", str(req.np)]
+    if len(plan.hosts) > 1 and plan.head.iface:
+        cmd += ["-iface", plan.head.iface]
+    cmd += worker
+    _record(run, req, spec, inv, plan, "host", cmd, epochs, batch, options, resume_from.epoch if resume_from else None,
+            {"name": spec.dataset, "format": files.fmt, "files": {str(p): datasets.sha256_file(p) for p in files.paths}},
+            {"python": platform.python_version(), "mpich": mpich_version(mpirun)}, argv)
     return Prepared(run, plan, cmd)
+
+
+def _remote_resume_point(nodes: Nodes, head: inventory.Host, node_run_dir: str, run: runs.Run, job: str, epochs: int) -> int:
+    """The newest checkpoint epoch on the rank-0 node (the ranks verify its files when they load it)."""
+    listing = nodes.check(head, ["sh", "-c", f"cd {shlex.quote(node_run_dir)}/checkpoints 2>/dev/null && ls -1 */{checkpoints.MANIFEST}; true"],
+                          "listing checkpoints")
+    found = sorted(line.split("/")[0] for line in listing.split() if line.startswith(checkpoints.PREFIX))
+    if not found:
+        raise EdgetrainError(f"run {run.id} has no checkpoint on {head.name} to resume from", f"start a new run: edgetrain run {job}")
+    newest = found[-1]
+    manifest = json.loads(nodes.check(head, ["cat", f"{node_run_dir}/checkpoints/{newest}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+    if manifest.get("job") != job:
+        raise EdgetrainError(f"run {run.id} holds a {manifest.get('job')} checkpoint, not {job}",
+                             f"resume it with: edgetrain run {manifest.get('job')} --resume {run.id}")
+    if manifest["epoch"] >= epochs:
+        raise UsageError(f"run {run.id} already finished epoch {manifest['epoch']}", f"pass --epochs {manifest['epoch'] + 1} or more to train further")
+    return int(manifest["epoch"])
+
+
+def _prepare_docker(req, spec, inv, plan, epochs, batch, options, argv) -> Prepared:
+    nodes = Nodes()
+    ctrs = None
+    try:
+        reports = doctor.check_nodes(nodes, plan, spec.dataset, inv.source)
+        doctor.require(reports)
+        root = runs.ensure_writable(req.runs_dir)
+        head = reports[0]
+        resumed_epoch = None
+        if req.resume:
+            run = runs.find(root, req.resume)
+            ran = run.info().get("job")
+            if ran != spec.name:
+                raise EdgetrainError(f"run {run.id} trained {ran}, not {spec.name}", f"resume it with: edgetrain run {ran} --resume {run.id}")
+            resumed_epoch = _remote_resume_point(nodes, head.host, f"{head.runs_dir}/{run.id}", run, spec.name, epochs)
+        else:
+            run = runs.create(root, spec.name)
+        node_run_dirs = {r.host.name: f"{r.runs_dir}/{run.id}" for r in reports}
+        (run.path / "machinefile").write_text(plan.machinefile())
+        data_files = [f"{containers.DATA_MOUNT}/{spec.dataset}/{k.filename}" for k in datasets.files_of(spec.dataset, head.data_format)]
+        resume_from = f"{containers.RUN_MOUNT}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}" if resumed_epoch else None
+        worker = _worker(containers.PYTHON, spec, req, containers.RUN_MOUNT, head.data_format, data_files,
+                         epochs, batch, options, resume_from)
+        ctrs = containers.Containers(nodes, plan, run.id, node_run_dirs, {h.name: images.image_for(h) for h in plan.hosts})
+        ctrs.start()
+        try:
+            probed = doctor.probe(nodes, ctrs)
+        except EdgetrainError as exc:
+            run.update_info(status="failed", error=str(exc))
+            raise
+        cmd = ctrs.mpirun(worker)
+        r0 = probed.ranks[0]
+        _record(run, req, spec, inv, plan, "docker", cmd, epochs, batch, options, resumed_epoch,
+                {"name": spec.dataset, "format": head.data_format, "verified_on": [r.host.name for r in reports]},
+                {"mpich": r0["mpi"], "tensorflow": r0["tensorflow"], "horovod": r0["horovod"]}, argv,
+                nodes={r.host.name: {"runs_dir": node_run_dirs[r.host.name], "image": images.image_for(r.host), "image_id": r.image_id}
+                       for r in reports})
+        return Prepared(run, plan, cmd, cluster=Cluster(nodes, ctrs, node_run_dirs, probed))
+    except BaseException:
+        if ctrs is not None:
+            ctrs.remove()
+        nodes.close()
+        raise
 
 
 def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str | None, str | None, list[str]]:
@@ -226,35 +354,96 @@ def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str |
     return None, None, None, mpirun_output[-15:]
 
 
+class _Watch(threading.Thread):
+    """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
+    seconds), a node unreachable for ``hang_timeout``, or no output at all for ``hang_timeout``."""
+
+    def __init__(self, prep: Prepared, stop: Callable[[], None], interval: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.prep, self.stop, self.interval = prep, stop, interval
+        self.last_output = time.monotonic()
+        self.failure: tuple[inventory.Host | None, str] | None = None
+        self.finished = threading.Event()
+
+    def _fail(self, host: inventory.Host | None, why: str) -> None:
+        self.failure = (host, why)
+        self.stop()
+
+    def run(self) -> None:
+        unreachable_since: dict[str, float] = {}
+        while not self.finished.wait(self.interval):
+            now = time.monotonic()
+            if now - self.last_output > self.prep.hang_timeout:
+                return self._fail(None, f"no progress for {self.prep.hang_timeout:.0f} s (--hang-timeout)")
+            if self.prep.cluster is None:
+                continue
+            try:
+                states = self.prep.cluster.containers.states()
+            except EdgetrainError:
+                continue
+            if self.finished.is_set():
+                return
+            for st in states:
+                if st.alive:
+                    unreachable_since.pop(st.host.name, None)
+                elif st.detail.startswith("unreachable"):
+                    since = unreachable_since.setdefault(st.host.name, now)
+                    if now - since > self.prep.hang_timeout:
+                        return self._fail(st.host, f"{st.detail} for {now - since:.0f} s")
+                else:
+                    return self._fail(st.host, st.detail)
+
+
 def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
-    """Run mpirun, hand its events and other output to the callbacks, and record the end."""
+    """Run mpirun, hand its events and other output to the callbacks, and record the end.
+
+    Whatever the end (success, a failed rank or node, a hang, Ctrl-C), every container is removed
+    and the rank logs are brought into the run directory before this returns.
+    """
     run = prep.run
     run.update_info(status="running")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(prep.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+
+    def stop() -> None:
+        if prep.cluster is not None:
+            prep.cluster.containers.remove()  # ends mpirun and every rank with their containers
+        elif proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    watch = _Watch(prep, stop)
+    watch.start()
     last: dict = {}
     output: list[str] = []
     status = "failed"
+    first_step = None
+    cleanup: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
+            watch.last_output = time.monotonic()
             event = progress.parse(line)
             if event is None:
                 output.append(line.rstrip("\n"))
                 on_output(output[-1])
                 continue
-            if event["event"] == "epoch":
+            if event["event"] == "step" and first_step is None:
+                first_step = time.monotonic() - prep.started
+            elif event["event"] == "epoch":
                 last = event
             elif event["event"] == "start":
                 run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
             on_event(event)
         code = proc.wait()
-        status = "completed" if code == 0 else "failed"
+        status = "completed" if code == 0 and watch.failure is None else "failed"
     except KeyboardInterrupt:
-        # Hydra forwards SIGINT to every rank; if they do not end in time, the session goes.
         status = "interrupted"
-        proc.send_signal(signal.SIGINT)
+        if prep.cluster is not None:
+            stop()
+        else:
+            # Hydra forwards SIGINT to every rank; if they do not end in time, the session goes.
+            proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
@@ -262,11 +451,29 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
             proc.wait()
         code = 130
     finally:
+        watch.finished.set()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        run.update_info(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), returncode=proc.returncode)
-    outcome = Outcome(run, code, status, last)
+        if prep.cluster is not None:
+            cleanup = prep.cluster.finish(run)
+        attempts = run.info().get("attempts", [])
+        if attempts:
+            attempts[-1]["first_step_s"] = round(first_step, 1) if first_step is not None else None
+        run.update_info(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), returncode=proc.returncode,
+                        attempts=attempts)
+    outcome = Outcome(run, code if status != "failed" or code != 0 else 1, status, last, cleanup_errors=cleanup)
     if status == "failed":
-        outcome.failed_rank, outcome.failed_host, outcome.failed_error, outcome.log_tail = _failure(run, output)
+        if watch.failure is not None:
+            host, why = watch.failure
+            outcome.failed_host, outcome.failed_error = (host.name if host else None), why
+            ranks = prep.placement.ranks_on(host) if host else []
+            if ranks:
+                outcome.failed_rank = ranks[0]
+                log = run.log(ranks[0])
+                outcome.log_tail = log.read_text(errors="replace").splitlines()[-15:] if log.is_file() else []
+            else:
+                outcome.log_tail = output[-15:]
+        else:
+            outcome.failed_rank, outcome.failed_host, outcome.failed_error, outcome.log_tail = _failure(run, output)
     return outcome

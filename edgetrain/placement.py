@@ -22,6 +22,15 @@ class Placement:
     def head(self) -> Host:
         return self.ranks[0][0]
 
+    def ranks_on(self, host: Host) -> list[int]:
+        """The ranks a host runs: hosts are filled in order, rank 0 on the first."""
+        first = 0
+        for h, n in self.ranks:
+            if h.name == host.name:
+                return list(range(first, first + n))
+            first += n
+        return []
+
     def machinefile(self) -> str:
         """MPICH Hydra's ``host:count`` lines; with ``-n`` equal to their sum, ranks fill hosts in order."""
         return "".join(f"{h.address}:{n}\n" for h, n in self.ranks)

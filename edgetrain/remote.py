@@ -1,0 +1,114 @@
+"""Commands on the nodes, reached over ssh exactly as Ansible reaches them (same inventory variables).
+
+One ``Nodes`` session multiplexes every command to a node over a single ssh connection (OpenSSH
+ControlMaster), so the many short commands of a run cost one handshake per node, and closes
+those connections when it ends.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import EdgetrainError
+from .inventory import Host
+
+UNREACHABLE = 255  # ssh's own exit status: the command never ran
+
+
+def ssh_command(host: Host, *options: str) -> list[str]:
+    """ssh to a node with the inventory's address, port, user, key and extra arguments."""
+    hv = host.vars
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-p", str(host.port), *options]
+    if hv.get("ansible_ssh_private_key_file"):
+        cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
+    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        cmd += shlex.split(str(hv.get(key) or ""))
+    return [*cmd, host.ssh_target]
+
+
+def tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A tar archive of ``{path: (content, mode)}``, to unpack on the other side of a pipe."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name.lstrip("/"))
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Nodes:
+    """Runs commands on inventory hosts; local hosts run them directly."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="edgetrain-ssh-")
+        self._used: dict[str, Host] = {}
+
+    def argv(self, host: Host, command: list[str]) -> list[str]:
+        if host.is_local:
+            return command
+        self._used[host.name] = host
+        # %C hashes host, port and user: a short socket path whatever the names.
+        mux = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self._dir.name}/%C", "-o", "ControlPersist=300")
+        return [*ssh_command(host, *mux), shlex.join(command)]
+
+    def run(self, host: Host, command: list[str], *, input: bytes | str | None = None,
+            timeout: float | None = 120) -> subprocess.CompletedProcess:
+        text = not isinstance(input, bytes)
+        try:
+            return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=text, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise EdgetrainError(f"{host.name} did not answer within {timeout:.0f} s: {shlex.join(command)}",
+                                 "check that the node is up and reachable") from None
+
+    def check(self, host: Host, command: list[str], what: str, fix: str | None = None, **kw) -> str:
+        """Run a command that must succeed; its stdout, or one error naming the node and the cause."""
+        proc = self.run(host, command, **kw)
+        if proc.returncode == 0:
+            return proc.stdout if isinstance(proc.stdout, str) else proc.stdout.decode()
+        err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
+        last = (err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        if proc.returncode == UNREACHABLE and not host.is_local:
+            raise EdgetrainError(f"cannot reach {host.name} ({host.address}) over ssh: {last}",
+                                 fix or "check its address, user and key in the inventory")
+        raise EdgetrainError(f"{what} on {host.name} failed: {last}", fix)
+
+    def fetch(self, host: Host, directory: str, names: Iterable[str], dest: Path) -> None:
+        """Copy files (globs allowed) from a directory on a node into ``dest``, through tar."""
+        dest.mkdir(parents=True, exist_ok=True)
+        # Names that match nothing are skipped (a run that died early has fewer files).
+        script = f"cd {shlex.quote(directory)} && exec tar -cf - --ignore-failed-read -- {' '.join(names)} 2>/dev/null"
+        proc = subprocess.Popen(self.argv(host, ["sh", "-c", script]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                tar.extractall(dest, filter="data")
+        except tarfile.ReadError:
+            pass  # no archive at all: judged by ssh's status below
+        finally:
+            proc.stdout.close()
+            err = proc.stderr.read().decode(errors="replace").strip()
+            code = proc.wait()
+        if code == UNREACHABLE:
+            raise EdgetrainError(f"copying {directory} from {host.name} failed: {err}", "check that the node is up and reachable")
+        if code != 0 and "cd:" in err:
+            raise EdgetrainError(f"{directory} does not exist on {host.name}")
+
+    def close(self) -> None:
+        for host in self._used.values():
+            subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir.name}/%C", "-O", "exit")],
+                           capture_output=True, timeout=30)
+        self._used.clear()
+        self._dir.cleanup()
+
+    def __enter__(self) -> Nodes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
