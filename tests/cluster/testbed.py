@@ -358,7 +358,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
         return self.ssh(n, f"runuser -l {self.state.mpi_user} -c {quote(command)}", **kw)
 
-    def write_inventory(self, extra_vars: dict | None = None) -> str:
+    def write_inventory(self, extra_vars: dict | None = None, host_vars: dict[str, dict] | None = None,
+                        name: str = "hosts.yml") -> str:
         s = self.state
         cluster_vars = {
             "edgetrain_arch": platform.machine(),
@@ -387,7 +388,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             "edgetrain_bin_link": "",
         }
         cluster_vars.update(extra_vars or {})
-        hosts = {n.name: {"ansible_host": n.address} for n in s.nodes}
+        hosts = {n.name: {"ansible_host": n.address, **(host_vars or {}).get(n.name, {})} for n in s.nodes}
         inv = {
             "all": {
                 "vars": {
@@ -410,7 +411,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
                 },
             },
         }
-        path = Path(s.inventory)
+        path = Path(s.inventory).with_name(name)
         path.parent.mkdir(exist_ok=True)
         path.write_text(f"# Written by the edgetrain testbed {s.id}; removed by its teardown.\n" + yaml.safe_dump(inv, sort_keys=False))
         return str(path)

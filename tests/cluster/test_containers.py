@@ -1,0 +1,231 @@
+"""`edgetrain doctor|run|collect -i` on the testbed: ranks in the edgetrain image on three nodes.
+
+The nodes are provisioned by site.yml (the session's `converged`), each runs its own Docker engine,
+gets the amd64 image through `edgetrain images distribute`, and keeps its datasets and run
+directories in its own private /root, so nothing a node holds is visible to another except over
+the network. Links are shaped to 1 Gbit/s and UCX is told to use TCP, so MPI traffic crosses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from edgetrain import containers
+from tests.conftest import ROOT, edgetrain
+
+from .testbed import Testbed
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+NODE_HOME = "/root/edgetrain"  # private to each node
+
+
+@dataclass
+class Cluster:
+    bed: Testbed
+    inventory: str
+    env: dict[str, str]
+    runs: Path
+    moved: dict[str, float] = field(default_factory=dict)  # MB through each node's link in `trained`
+
+    def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """edgetrain containers on each node (there should never be any between commands)."""
+        found = {}
+        for n in self.bed.state.nodes:
+            names = self.docker(n.name, "ps", "--all", "--filter", f"label={containers.LABEL}", "--format", "{{.Names}}").stdout.split()
+            if names:
+                found[n.name] = names
+        return found
+
+    def node_ls(self, node: str, path: str) -> list[str]:
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return self.bed.ssh(n, f"ls -1 {path} 2>/dev/null; true").stdout.split()
+
+    def run_json(self, run_id: str) -> dict:
+        return json.loads((self.runs / run_id / "run.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
+    if not testbed.state.docker:
+        pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
+    inventory = testbed.write_inventory(
+        {
+            "edgetrain_runtime": "docker",
+            "edgetrain_runs_dir": "edgetrain/runs",
+            "datasets_dir": f"{NODE_HOME}/datasets",
+            # All nodes share one kernel: without this UCX would pass messages through shared memory.
+            "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
+        },
+        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
+        name="docker.yml",
+    )
+    playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
+    runs = tmp_path_factory.mktemp("runs")
+    env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs)}
+    shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
+    assert shipped.returncode == 0, shipped.stderr
+    return Cluster(testbed, inventory, env, runs)
+
+
+def _run_id(stdout: str) -> str:
+    return next(line.split()[1].rstrip(":") for line in stdout.splitlines() if line.startswith("run "))
+
+
+def test_doctor_checks_every_node_and_probes_mpi_in_containers(cluster):
+    r = edgetrain("doctor", "-i", cluster.inventory, env=cluster.env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for node in ("node1", "node2", "node3"):
+        for check in ("ssh", "docker", "image", "dataset", "disk"):
+            assert any(line.split()[:3] == [node, check, "ok"] for line in r.stdout.splitlines()), (node, check, r.stdout)
+    assert "MPI probe: 4 ranks, allreduce ok" in r.stdout
+    assert "TensorFlow" in r.stdout and "2.15.1" in r.stdout and "0.28.1" in r.stdout
+    assert cluster.leftovers() == {}
+
+
+@pytest.fixture(scope="module")
+def trained(cluster, report) -> str:
+    """One LeNet run across the three nodes, its link traffic measured."""
+    before = cluster.bed.link_bytes()
+    start = time.monotonic()
+    r = edgetrain("run", "lenet", "--np", "4", "-i", cluster.inventory, "--epochs", "2", "--max-steps", "40",
+                  env=cluster.env, timeout=1200)
+    seconds = time.monotonic() - start
+    after = cluster.bed.link_bytes()
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_id = _run_id(r.stdout)
+    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+    info = cluster.run_json(run_id)
+    report["container run, lenet np 4 on 3 nodes, 2 x 40 steps"] = (
+        f"{seconds:.0f} s in all, first step after {info['attempts'][-1]['first_step_s']} s; link MB "
+        + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    )
+    cluster.moved = moved
+    return run_id
+
+
+def test_run_trains_across_the_nodes_in_containers(cluster, trained):
+    info = cluster.run_json(trained)
+    assert info["status"] == "completed"
+    assert info["placement"]["runtime"] == "docker"
+    assert [(h["host"], h["ranks"]) for h in info["placement"]["hosts"]] == [("node1", 2), ("node2", 1), ("node3", 1)]
+    # Every rank's log came home, and each rank ran on the node the placement says.
+    where = {}
+    for rank in range(4):
+        log = (cluster.runs / trained / f"rank.{rank}.log").read_text()
+        first = next(line for line in log.splitlines() if line.startswith(f"rank {rank}/4 on "))
+        where[rank] = first.split()[3]
+    assert where == {0: "node1", 1: "node1", 2: "node2", 3: "node3"}
+    metrics = [json.loads(line) for line in (cluster.runs / trained / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["ranks"] == 4
+    # Gradients of a 1.6M-parameter model, allreduced 80 times, went through the nodes' links.
+    assert cluster.moved["node2"] > 300 and cluster.moved["node3"] > 300, cluster.moved
+    # Checkpoints stay on the rank-0 node until collected.
+    assert cluster.node_ls("node1", f"{NODE_HOME}/runs/{trained}/checkpoints") == ["epoch-0001", "epoch-0002"]
+    assert cluster.node_ls("node2", f"{NODE_HOME}/runs/{trained}/checkpoints") == []
+    assert cluster.leftovers() == {}
+
+
+def test_collect_fetches_and_verifies_rank0_checkpoints(cluster, trained, tmp_path):
+    r = edgetrain("collect", trained, "-i", cluster.inventory, "--dest", str(tmp_path), env=cluster.env)
+    assert r.returncode == 0, r.stderr
+    assert "checkpoints 1, 2 verified" in r.stdout
+    dest = tmp_path / trained
+    manifest = json.loads((dest / "checkpoints" / "epoch-0002" / "manifest.json").read_text())
+    assert manifest["epoch"] == 2 and manifest["host"] == "node1"
+    assert {p.name for p in dest.glob("rank.*.log")} == {f"rank.{i}.log" for i in range(4)}
+    again = edgetrain("collect", trained, "-i", cluster.inventory, "--dest", str(tmp_path), env=cluster.env)
+    assert again.returncode == 0 and " 0 files copied" in again.stdout, again.stdout
+    damaged = next(p for p in (dest / "checkpoints" / "epoch-0001").iterdir() if p.name.startswith("state.data"))
+    damaged.write_bytes(b"damaged")
+    repaired = edgetrain("collect", trained, "-i", cluster.inventory, "--dest", str(tmp_path), env=cluster.env)
+    assert repaired.returncode == 0 and " 1 files copied" in repaired.stdout, repaired.stdout
+    assert not list(tmp_path.glob(".*incoming*"))
+
+
+def test_killed_worker_container_fails_the_run_then_resume_completes(cluster, report):
+    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "4", "-i", cluster.inventory,
+           "--epochs", "3", "--max-steps", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, **cluster.env})
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not any(line.startswith("run ") for line in out):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()
+            time.sleep(0.5)
+        run_id = _run_id("".join(out))
+        ckpts = f"{NODE_HOME}/runs/{run_id}/checkpoints"
+        while "epoch-0001" not in cluster.node_ls("node1", ckpts):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()
+            time.sleep(1)
+        done_before = cluster.node_ls("node1", ckpts)
+        cluster.docker("node3", "kill", f"edgetrain-{run_id}")
+        killed = time.monotonic()
+        proc.wait(timeout=120)
+        detected = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert proc.returncode == 1, err
+    assert detected < 60, detected
+    assert "node3" in err and "rank 3" in err, err
+    assert cluster.leftovers() == {}
+    info = cluster.run_json(run_id)
+    assert info["status"] == "failed"
+
+    resumed = edgetrain("run", "lenet", "--np", "4", "-i", cluster.inventory, "--epochs", "3", "--max-steps", "60",
+                        "--resume", run_id, env=cluster.env, timeout=1200)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    info = cluster.run_json(run_id)
+    last_saved = max(int(name.split("-")[1]) for name in done_before)
+    assert info["status"] == "completed"
+    assert info["attempts"][-1]["resumed_from_epoch"] >= last_saved
+    assert cluster.node_ls("node1", ckpts) == ["epoch-0001", "epoch-0002", "epoch-0003"]
+    assert cluster.leftovers() == {}
+    report["failure detection (worker container killed)"] = f"{detected:.1f} s from docker kill to the CLI's exit"
+    report["resume loss"] = (f"checkpoints up to epoch {last_saved} when killed; resumed from epoch "
+                             f"{info['attempts'][-1]['resumed_from_epoch']}: lost only the epoch in progress")
+
+
+def test_doctor_and_run_refuse_a_wrong_image_and_a_corrupt_dataset(cluster, tmp_path):
+    tag = "edgetrain:0.1.0-amd64"
+    original = cluster.docker("node2", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    node3 = cluster.bed.state.nodes[2]
+    data = f"{NODE_HOME}/datasets/mnist/mnist.pkl.gz"
+    cluster.docker("node2", "tag", "edgetrain-testbed/probe:1", tag)
+    cluster.bed.ssh(node3, f"cp {data} {data}.good && printf x >> {data}")
+    try:
+        r = edgetrain("doctor", "-i", cluster.inventory, env=cluster.env)
+        assert r.returncode == 1
+        rows = [line for line in r.stdout.splitlines() if "FAIL" in line]
+        assert any(row.split()[:2] == ["node2", "image"] and "this machine's is" in row for row in rows), r.stdout
+        assert any(row.split()[:2] == ["node3", "dataset"] and "corrupt" in row for row in rows), r.stdout
+        assert not any(row.split()[0] == "node1" for row in rows), r.stdout
+        assert "node2 (image)" in r.stderr and "node3 (dataset)" in r.stderr
+
+        before = {p.name for p in cluster.runs.iterdir()}
+        run = edgetrain("run", "lenet", "--np", "4", "-i", cluster.inventory, "--max-steps", "5", env=cluster.env)
+        assert run.returncode == 1 and "preflight: node2: image" in run.stderr, run.stderr
+        assert {p.name for p in cluster.runs.iterdir()} == before  # nothing started, no run directory
+        assert cluster.leftovers() == {}
+    finally:
+        cluster.docker("node2", "tag", original, tag)
+        cluster.bed.ssh(node3, f"mv {data}.good {data}")

@@ -1,0 +1,65 @@
+"""The container launcher's commands and defaults, checked without nodes (the testbed tests run them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgetrain import containers, datasets, placement
+from edgetrain.errors import EdgetrainError
+from edgetrain.inventory import Host, Inventory
+from edgetrain.remote import Nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def host(name: str, groups=("rpi",), **hv) -> Host:
+    return Host(name=name, address=f"198.18.0.{len(name)}", arch="aarch64", slots=1, runtime="docker", user="pi",
+                iface="eth0", groups=frozenset(groups), vars=hv)
+
+
+def test_node_dataset_default_is_the_datasets_roles_default():
+    defaults = yaml.safe_load((ROOT / "roles/datasets/defaults/main.yml").read_text())
+    assert containers.DEFAULT_DATASETS_DIR == defaults["datasets_dir"]
+    assert containers.datasets_dir(host("a", datasets_dir="/data")) == "/data"
+
+
+def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
+    cpu = containers.docker_run_argv(host("pi1"), "edgetrain-r1", "r1", "/home/pi/edgetrain/runs/r1", "edgetrain:0.1.0-arm64")
+    assert cpu[:2] == ["docker", "run"] and cpu[-1] == "edgetrain:0.1.0-arm64"
+    assert "--network" in cpu and cpu[cpu.index("--network") + 1] == "host"
+    assert "/home/pi/edgetrain/runs/r1:/edgetrain/run" in cpu
+    assert "/srv/edgetrain/datasets:/edgetrain/data:ro" in cpu
+    assert f"{containers.LABEL}=r1" in cpu and "--gpus" not in cpu
+    gpu = containers.docker_run_argv(host("gpu1", groups=("gpu",)), "edgetrain-r1", "r1", "/x", "edgetrain:0.1.0-cuda")
+    assert gpu[gpu.index("--gpus") + 1] == "all"
+
+
+def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_env():
+    hosts = (host("pi1", groups=("head", "rpi"), edgetrain_mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
+    plan = placement.plan(Inventory(Path("inv"), hosts), 2)
+    with Nodes() as nodes:
+        argv = containers.Containers(nodes, plan, "r1", {}, {}).mpirun(["python", "-m", "edgetrain.probe"])
+    remote = argv[-1]  # one shell word list for the node, after the ssh options
+    assert argv[0] == "ssh" and "pi@198.18.0.3" in argv and "ControlMaster=auto" in argv
+    assert remote.startswith("docker exec edgetrain-r1 mpirun -f /etc/edgetrain/machinefile -n 2 -iface eth0 -bootstrap ssh")
+    assert "'-p 12345 " in remote and "-genv UCX_TLS tcp,self" in remote
+    assert remote.endswith("python -m edgetrain.probe")
+    assert plan.ranks_on(hosts[1]) == [1] and plan.ranks_on(hosts[0]) == [0]
+
+
+def test_mpi_env_must_be_a_mapping():
+    with pytest.raises(EdgetrainError, match="edgetrain_mpi_env of pi1 must be a mapping"):
+        containers.mpi_env(host("pi1", edgetrain_mpi_env="UCX_TLS=tcp"))
+
+
+def test_dataset_format_from_digests_hashed_on_a_node():
+    pkl = datasets.files_of("mnist", "pkl")[0]
+    good = next(iter(pkl.sha256))
+    assert datasets.choose_format("mnist", {"mnist.pkl.gz": good}, "pi1:/d/mnist", "stage it") == "pkl"
+    with pytest.raises(EdgetrainError, match="pi1:/d/mnist/mnist.pkl.gz is corrupt"):
+        datasets.choose_format("mnist", {"mnist.pkl.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
+    with pytest.raises(EdgetrainError, match="dataset mnist not found in pi1:/d/mnist - stage it"):
+        datasets.choose_format("mnist", {"train-images-idx3-ubyte.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
