@@ -27,8 +27,17 @@ MACHINEFILE = "/etc/edgetrain/machinefile"
 LABEL = "org.edgetrain.run"
 # Containers share /dev/shm among the ranks of one node; Docker's default 64 MB is too small.
 SHM_SIZE = "1g"
-# Hydra's ssh to each container: a dead peer is noticed within ~15 s instead of TCP's minutes.
-BOOTSTRAP_SSH = f"-p {SSH_PORT} -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3"
+# Hydra's ssh to the containers. MPICH 4.0's Hydra has no -bootstrap-exec-args, so the port and
+# options live in the rank-0 container's ssh client configuration; a dead peer is noticed within
+# ~15 s instead of TCP's minutes.
+SSH_CLIENT_CONFIG = f"""Host *
+    Port {SSH_PORT}
+    BatchMode yes
+    StrictHostKeyChecking yes
+    ConnectTimeout 10
+    ServerAliveInterval 5
+    ServerAliveCountMax 3
+"""
 # Where a node keeps its runs (relative: under the ssh user's home) and finds its datasets
 # (the datasets role's default, roles/datasets/defaults/main.yml).
 DEFAULT_RUNS_DIR = "edgetrain/runs"
@@ -121,6 +130,7 @@ class Containers:
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),
             "/root/.ssh/known_hosts": (known.encode(), 0o644),
+            "/root/.ssh/config": (SSH_CLIENT_CONFIG.encode(), 0o600),
             MACHINEFILE: (self.plan.machinefile().encode(), 0o644),
         })
         self.nodes.check(self.plan.head, ["docker", "exec", "-i", self.name, "tar", "-x", "-C", "/"],
@@ -132,7 +142,7 @@ class Containers:
         argv = ["mpirun", "-f", MACHINEFILE, "-n", str(self.plan.np)]
         if head.iface:
             argv += ["-iface", head.iface]
-        argv += ["-bootstrap", "ssh", "-bootstrap-exec-args", BOOTSTRAP_SSH]
+        argv += ["-bootstrap", "ssh"]
         for k, v in mpi_env(head).items():
             argv += ["-genv", k, v]
         return self.nodes.argv(head, ["docker", "exec", self.name, *argv, *command])

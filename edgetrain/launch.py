@@ -148,7 +148,7 @@ def mpich_version(mpirun: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-def _worker(python: str, spec: jobs.JobSpec, req: RunRequest, run_dir: str, fmt: str, data_files: list[str],
+def worker_command(python: str, spec: jobs.JobSpec, req: RunRequest, run_dir: str, fmt: str, data_files: list[str],
             epochs: int, batch: int, options: dict, resume_from: str | None) -> list[str]:
     worker = [
         python, "-m", "edgetrain.training",
@@ -244,7 +244,7 @@ def _prepare_host(req, spec, inv, plan, epochs, batch, options, argv) -> Prepare
         run = runs.create(root, spec.name)
     machinefile = run.path / "machinefile"
     machinefile.write_text(plan.machinefile())
-    worker = _worker(sys.executable, spec, req, str(run.path.resolve()), files.fmt, [str(p) for p in files.paths],
+    worker = worker_command(sys.executable, spec, req, str(run.path.resolve()), files.fmt, [str(p) for p in files.paths],
                      epochs, batch, options, str(resume_from.path.resolve()) if resume_from else None)
     cmd = [mpirun, "-f", str(machinefile), "-n", str(req.np)]
     if len(plan.hosts) > 1 and plan.head.iface:
@@ -294,7 +294,7 @@ def _prepare_docker(req, spec, inv, plan, epochs, batch, options, argv) -> Prepa
         (run.path / "machinefile").write_text(plan.machinefile())
         data_files = [f"{containers.DATA_MOUNT}/{spec.dataset}/{k.filename}" for k in datasets.files_of(spec.dataset, head.data_format)]
         resume_from = f"{containers.RUN_MOUNT}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}" if resumed_epoch else None
-        worker = _worker(containers.PYTHON, spec, req, containers.RUN_MOUNT, head.data_format, data_files,
+        worker = worker_command(containers.PYTHON, spec, req, containers.RUN_MOUNT, head.data_format, data_files,
                          epochs, batch, options, resume_from)
         ctrs = containers.Containers(nodes, plan, run.id, node_run_dirs, {h.name: images.image_for(h) for h in plan.hosts})
         ctrs.start()
@@ -475,5 +475,7 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
             else:
                 outcome.log_tail = output[-15:]
         else:
-            outcome.failed_rank, outcome.failed_host, outcome.failed_error, outcome.log_tail = _failure(run, output)
+            outcome.failed_rank, host, outcome.failed_error, outcome.log_tail = _failure(run, output)
+            # Hydra names machinefile entries (addresses); the inventory name is what the user knows.
+            outcome.failed_host = next((h.name for h in prep.placement.hosts if h.address == host), host)
     return outcome

@@ -250,20 +250,28 @@ class Recorder(tf.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     events = Events(redirect_output(args.run_dir / f"rank.{rank}.log"), enabled=rank == 0)
     try:
         train(args, events)
+        # Every rank is done once this completes (an allreduce is a barrier).
+        hvd_tf.allreduce(tf.constant(0), name="finished")
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
         traceback.print_exc()
         print(f"edgetrain: rank {rank} on {socket.gethostname()} failed: {type(exc).__name__}: {exc}", flush=True)
         events.emit("failed", rank=rank, host=socket.gethostname(), error=f"{type(exc).__name__}: {exc}")
         # Without MPI_Finalize, Hydra sees an abnormal exit and ends the other ranks at once.
         os._exit(1)
-    return 0
+    # Nothing is left to send or write, so the ranks end without MPI_Finalize: MPICH 4.0.2's
+    # ch4:ucx can hang in it for good when two ranks of a node and ranks of other nodes talk
+    # over TCP (seen on the testbed; one rank per node finalizes fine). Hydra takes a rank that
+    # ends with status 0 after the barrier as a clean end.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -75,7 +75,8 @@ def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_pa
     )
     playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
     runs = tmp_path_factory.mktemp("runs")
-    env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs)}
+    # Wide enough that rich never wraps a table row the assertions read.
+    env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs), "COLUMNS": "250"}
     shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
     assert shipped.returncode == 0, shipped.stderr
     return Cluster(testbed, inventory, env, runs)
