@@ -436,6 +436,11 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
                 run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
             on_event(event)
         code = proc.wait()
+        if code != 0 and watch.failure is None and prep.cluster is not None:
+            # Hydra often ends first when a node goes (its ssh connection closes): name that node.
+            dead = [st for st in prep.cluster.containers.states() if not st.alive]
+            if dead:
+                watch.failure = (dead[0].host, dead[0].detail)
         status = "completed" if code == 0 and watch.failure is None else "failed"
     except KeyboardInterrupt:
         status = "interrupted"
