@@ -155,6 +155,8 @@ def _user_exists(name: str) -> bool:
 
 
 class Testbed:
+    __test__ = False  # a fixture's type, not a test class
+
     def __init__(self, state: State):
         self.state = state
 
