@@ -8,8 +8,10 @@ probe starts in a second instead of importing TensorFlow.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
+import sys
 from importlib import metadata
 
 from mpi4py import MPI
@@ -42,6 +44,11 @@ def main() -> None:
     if comm.rank == 0:
         n = comm.size
         print(json.dumps({"size": n, "allreduce_ok": total == n * (n + 1) // 2, "ranks": everyone}), flush=True)
+    # Ended like the training ranks, after a barrier and without MPI_Finalize, which can hang
+    # with MPICH 4.0.2's ch4:ucx over TCP (see edgetrain.training.main).
+    comm.Barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
