@@ -437,10 +437,15 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
             on_event(event)
         code = proc.wait()
         if code != 0 and watch.failure is None and prep.cluster is not None:
-            # Hydra often ends first when a node goes (its ssh connection closes): name that node.
-            dead = [st for st in prep.cluster.containers.states() if not st.alive]
-            if dead:
-                watch.failure = (dead[0].host, dead[0].detail)
+            # Hydra often ends first when a node goes (its ssh connection closes), sometimes before
+            # Docker has recorded the container's end: look for the dead one for a few seconds.
+            deadline = time.monotonic() + 5
+            while watch.failure is None and time.monotonic() < deadline:
+                dead = [st for st in prep.cluster.containers.states() if not st.alive]
+                if dead:
+                    watch.failure = (dead[0].host, dead[0].detail)
+                else:
+                    time.sleep(0.5)
         status = "completed" if code == 0 and watch.failure is None else "failed"
     except KeyboardInterrupt:
         status = "interrupted"
