@@ -30,6 +30,8 @@ RANK_PID = re.compile(r"^rank (\d+)/\d+ on (\S+) \(pid (\d+)\)")
 # Hydra's report of a process that died without finalizing (killed, crashed, out of memory).
 BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 EXIT_CODE = re.compile(r"EXIT CODE: (\d+)")
+# Hydra's ssh to a node that went away (container gone, or no answer to keepalives).
+SSH_LOST = re.compile(r"Connection to (\S+) closed by remote host|Timeout, server (\S+) not responding")
 
 
 @dataclass
@@ -351,6 +353,9 @@ def _failure(run: runs.Run, mpirun_output: list[str]) -> tuple[int | None, str |
             rank, hostname = candidates[0]
             return rank, hostname, error, tails[rank]
         return None, host, error, mpirun_output[-15:]
+    m = SSH_LOST.search(text)
+    if m:
+        return None, m.group(1) or m.group(2), "lost its connection to mpirun", mpirun_output[-15:]
     return None, None, None, mpirun_output[-15:]
 
 
