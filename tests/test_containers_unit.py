@@ -63,3 +63,11 @@ def test_dataset_format_from_digests_hashed_on_a_node():
         datasets.choose_format("mnist", {"mnist.pkl.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
     with pytest.raises(EdgetrainError, match="dataset mnist not found in pi1:/d/mnist - stage it"):
         datasets.choose_format("mnist", {"train-images-idx3-ubyte.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
+
+
+def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path):
+    from edgetrain import launch, runs
+
+    out = ["Connection to 198.18.0.13 closed by remote host.", "[mpiexec@node1] control_cb: assert (!closed) failed"]
+    rank, host, error, tail = launch._failure(runs.Run(tmp_path), out)
+    assert (rank, host, error) == (None, "198.18.0.13", "lost its connection to mpirun") and tail == out
