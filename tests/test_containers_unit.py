@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgetrain import containers, datasets, placement
+from edgetrain import containers, datasets, launch, placement, runs
 from edgetrain.errors import EdgetrainError
 from edgetrain.inventory import Host, Inventory
 from edgetrain.remote import Nodes
@@ -66,8 +66,6 @@ def test_dataset_format_from_digests_hashed_on_a_node():
 
 
 def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path):
-    from edgetrain import launch, runs
-
     out = ["Connection to 198.18.0.13 closed by remote host.", "[mpiexec@node1] control_cb: assert (!closed) failed"]
     rank, host, error, tail = launch._failure(runs.Run(tmp_path), out)
     assert (rank, host, error) == (None, "198.18.0.13", "lost its connection to mpirun") and tail == out
