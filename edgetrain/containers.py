@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,10 @@ class Containers:
                 return None
             return f"{host.name}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
         failed = [f for f in self._each(one) if f]
+        if failed:
+            # A removal already in progress (the run's watcher) or a busy engine: one more pass.
+            time.sleep(2)
+            failed = [f for f in self._each(one) if f]
         return failed
 
 

@@ -467,6 +467,8 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
         code = 130
     finally:
         watch.finished.set()
+        # The watcher may be removing containers itself: let it finish before the final cleanup.
+        watch.join(timeout=120)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
