@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import containers, datasets, doctor, images, inventory, jobs, launch, placement, progress, runs
+from . import containers, doctor, inventory, jobs, launch, placement, progress, runs
 from .remote import Nodes
 
 
@@ -44,10 +44,10 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
         doctor.require(reports)
         tag = f"bench-{int(time.time())}"
         dirs = {r.host.name: f"{r.runs_dir}/.{tag}" for r in reports}
-        running = containers.Containers(nodes, plan, tag, dirs, {h.name: images.image_for(h) for h in plan.hosts})
+        running = containers.Containers(nodes, plan, tag, dirs)
         running.start()
         try:
-            files = [f"{containers.DATA_MOUNT}/{spec.dataset}/{k.filename}" for k in datasets.files_of(spec.dataset, reports[0].data_format)]
+            files = containers.data_files(spec.dataset, reports[0].data_format)
             req = launch.RunRequest(job=job, np=np, max_steps=max_steps)
             worker = launch.worker_command(containers.PYTHON, spec, req, containers.RUN_MOUNT, reports[0].data_format, files,
                                     1, spec.batch_size, spec.options, None)

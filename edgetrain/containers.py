@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import datasets, images
 from .errors import EdgetrainError
 from .inventory import Host
 from .placement import Placement
@@ -53,6 +54,11 @@ def datasets_dir(host: Host) -> str:
     return str(host.vars.get("datasets_dir") or DEFAULT_DATASETS_DIR)
 
 
+def data_files(dataset: str, fmt: str) -> list[str]:
+    """A dataset's files as the ranks see them inside the containers."""
+    return [f"{DATA_MOUNT}/{dataset}/{k.filename}" for k in datasets.files_of(dataset, fmt)]
+
+
 def mpi_env(host: Host) -> dict[str, str]:
     """Extra environment for every rank (``edgetrain_mpi_env``), e.g. UCX transport choices."""
     env = host.vars.get("edgetrain_mpi_env") or {}
@@ -83,9 +89,9 @@ class NodeState:
 class Containers:
     """The containers of one run (or probe) across the nodes of a placement."""
 
-    def __init__(self, nodes: Nodes, plan: Placement, run_id: str, node_run_dirs: dict[str, str], images: dict[str, str]) -> None:
+    def __init__(self, nodes: Nodes, plan: Placement, run_id: str, node_run_dirs: dict[str, str]) -> None:
         self.nodes, self.plan, self.run_id = nodes, plan, run_id
-        self.node_run_dirs, self.images = node_run_dirs, images
+        self.node_run_dirs = node_run_dirs
         self.name = f"edgetrain-{run_id}"
 
     def _each(self, fn, hosts=None) -> list:
@@ -108,7 +114,7 @@ class Containers:
         d = self.node_run_dirs[host.name]
         try:
             self.nodes.check(host, ["mkdir", "-p", d], f"creating {d}")
-            self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, self.images[host.name]),
+            self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host)),
                                    "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
         except EdgetrainError as exc:
             return exc

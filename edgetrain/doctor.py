@@ -258,8 +258,7 @@ def check_cluster(inv: Inventory, np: int | None, group: str | None, job: str) -
         if any(r.failure for r in reports):
             return ClusterReport(reports, None)
         probe_dirs = {r.host.name: f"{r.runs_dir}/.doctor" for r in reports}
-        running = containers.Containers(nodes, plan, f"doctor-{secrets.token_hex(3)}", probe_dirs,
-                                        {h.name: images.image_for(h) for h in plan.hosts})
+        running = containers.Containers(nodes, plan, f"doctor-{secrets.token_hex(3)}", probe_dirs)
         try:
             running.start()
             probed = probe(nodes, running)

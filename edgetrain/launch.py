@@ -294,11 +294,11 @@ def _prepare_docker(req, spec, inv, plan, epochs, batch, options, argv) -> Prepa
             run = runs.create(root, spec.name)
         node_run_dirs = {r.host.name: f"{r.runs_dir}/{run.id}" for r in reports}
         (run.path / "machinefile").write_text(plan.machinefile())
-        data_files = [f"{containers.DATA_MOUNT}/{spec.dataset}/{k.filename}" for k in datasets.files_of(spec.dataset, head.data_format)]
+        data_files = containers.data_files(spec.dataset, head.data_format)
         resume_from = f"{containers.RUN_MOUNT}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}" if resumed_epoch else None
         worker = worker_command(containers.PYTHON, spec, req, containers.RUN_MOUNT, head.data_format, data_files,
                          epochs, batch, options, resume_from)
-        ctrs = containers.Containers(nodes, plan, run.id, node_run_dirs, {h.name: images.image_for(h) for h in plan.hosts})
+        ctrs = containers.Containers(nodes, plan, run.id, node_run_dirs)
         ctrs.start()
         try:
             probed = doctor.probe(nodes, ctrs)

@@ -41,7 +41,7 @@ def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_en
     hosts = (host("pi1", groups=("head", "rpi"), edgetrain_mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
     plan = placement.plan(Inventory(Path("inv"), hosts), 2)
     with Nodes() as nodes:
-        argv = containers.Containers(nodes, plan, "r1", {}, {}).mpirun(["python", "-m", "edgetrain.probe"])
+        argv = containers.Containers(nodes, plan, "r1", {}).mpirun(["python", "-m", "edgetrain.probe"])
     remote = argv[-1]  # one shell word list for the node, after the ssh options
     assert argv[0] == "ssh" and "pi@198.18.0.3" in argv and "ControlMaster=auto" in argv
     assert remote.startswith("docker exec edgetrain-r1 mpirun -f /etc/edgetrain/machinefile -n 2 -iface eth0 -bootstrap ssh")
