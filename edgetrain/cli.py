@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 from pathlib import Path
@@ -271,6 +272,8 @@ def _interrupt(signum, frame) -> None:
 
 
 def main() -> None:
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how a command that seems stuck is diagnosed.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Typer's standalone mode handles its own usage errors (exit 2); ours become one line here.
     try:
         app()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,19 +142,40 @@ def alive(pid: int) -> bool:
 
 def long_run(root):
     cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "20", "--runs-dir", str(root)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    # A test session started in the background ignores SIGINT and its children inherit that; the CLI
+    # must start as it does from a terminal, where Ctrl-C reaches it.
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:
+    os.kill(pid, sig)
+    sent = time.time()
     try:
-        os.kill(pid, sig)
-        sent = time.time()
         _, err = proc.communicate(timeout=60)
-        return err, time.time() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the CLI prints its threads' stacks
+        time.sleep(2)
+        # mpirun runs in its own session: end it (and the ranks in its process group) with the CLI.
+        for child in children(proc.pid):
+            if os.getpgid(child) == child:
+                os.killpg(child, signal.SIGKILL)
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the CLI did not end within 60 s of signal {sig}; its stderr ends:\n{err[-8000:]}") from None
+    return err, time.time() - sent
 
 
 def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
