@@ -139,12 +139,17 @@ def pinned_versions(constraints: Path) -> dict[str, str]:
 
 
 def build_project_wheel(dest: Path) -> Path:
-    """edgetrain's own wheel, rebuilt from the source tree every time (it is cheap)."""
+    """edgetrain's own wheel, rebuilt from the source tree every time (it is cheap).
+
+    Byte-for-byte reproducible (fixed SOURCE_DATE_EPOCH, the build tools already installed rather
+    than fetched): an unchanged tree rebuilds to the same image ID, which `distribute` then skips.
+    """
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     _run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(project_root())],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), str(project_root())],
         "building the edgetrain wheel",
+        env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
     )
     return next(dest.glob("edgetrain-*.whl"))
 

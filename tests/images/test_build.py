@@ -113,4 +113,6 @@ def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_im
     assert len(compile_steps) == 2  # Horovod and mpi4py
     for i in compile_steps:
         assert lines[i + 1].strip() == "---> Using cache", steps[i]
+    # The same tree gives the same image: its own wheel is reproducible, so no layer is rebuilt.
+    assert again.image_id == amd64_image.image_id, "\n".join(line for line in lines if line.startswith("Step ") or "Using cache" in line)
     print(f"cached rebuild: {again.seconds:.0f} s")
