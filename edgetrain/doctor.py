@@ -213,20 +213,30 @@ class ProbeReport:
     seconds: float
 
 
+PROBE_FIX = "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345"
+
+
+def _probe_once(running: containers.Containers, timeout: float) -> dict:
+    proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.probe"]), capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        said = proc.stderr.strip().splitlines() or lines or ["no output"]
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks failed: {' | '.join(said[-3:])}", PROBE_FIX)
+    return json.loads(lines[-1])
+
+
 def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
     """mpi4py across the planned ranks inside the containers: where each runs, with what, and one allreduce."""
     start = time.monotonic()
     try:
-        proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.probe"]), capture_output=True, text=True, timeout=timeout)
+        try:
+            report = _probe_once(running, timeout)
+        except EdgetrainError:
+            # Hydra 4.0.2 has failed a probe now and then with "process manager error waiting for
+            # completion" (once in three test runs; cause not found): only a second failure counts.
+            report = _probe_once(running, timeout)
     except subprocess.TimeoutExpired:
-        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s",
-                             "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345") from None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        last = (proc.stderr.strip().splitlines() or lines or ["no output"])[-1]
-        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks failed: {last}",
-                             "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345")
-    report = json.loads(lines[-1])
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s", PROBE_FIX) from None
     if not report["allreduce_ok"]:
         raise EdgetrainError(f"the MPI probe's allreduce over {report['size']} ranks gave a wrong sum")
     keys = ("tensorflow", "horovod", "mpi")

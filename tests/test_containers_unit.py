@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from edgetrain import containers, datasets, launch, placement, runs
+from edgetrain import containers, datasets, doctor, launch, placement, runs
 from edgetrain.errors import EdgetrainError
 from edgetrain.inventory import Host, Inventory
 from edgetrain.remote import Nodes
@@ -69,3 +70,32 @@ def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path
     out = ["Connection to 198.18.0.13 closed by remote host.", "[mpiexec@node1] control_cb: assert (!closed) failed"]
     rank, host, error, tail = launch._failure(runs.Run(tmp_path), out)
     assert (rank, host, error) == (None, "198.18.0.13", "lost its connection to mpirun") and tail == out
+
+
+class ScriptedMpirun:
+    """Stands in for running containers: each mpirun is the next shell script, run for real."""
+
+    def __init__(self, *scripts: str) -> None:
+        self.scripts = list(scripts)
+        self.plan = SimpleNamespace(np=4)
+
+    def mpirun(self, argv: list[str]) -> list[str]:
+        return ["sh", "-c", self.scripts.pop(0)]
+
+
+REPORT = ('{"size": 4, "allreduce_ok": true, "ranks": ['
+          + ", ".join(f'{{"rank": {r}, "host": "n{r}", "tensorflow": "2.15.1", "horovod": "0.28.1", "mpi": "MPICH 4.0.2"}}' for r in range(4))
+          + "]}")
+HYDRA_ERROR = "echo 'Launching'; echo 'main (ui/mpich/mpiexec.c:325): process manager error waiting for completion' >&2; exit 255"
+
+
+def test_probe_tries_once_more_after_a_failure():
+    running = ScriptedMpirun(HYDRA_ERROR, f"echo '{REPORT}'")
+    report = doctor.probe(None, running)
+    assert [r["host"] for r in report.ranks] == ["n0", "n1", "n2", "n3"] and not running.scripts
+
+
+def test_probe_fails_on_a_second_failure_with_hydras_words():
+    with pytest.raises(EdgetrainError) as err:
+        doctor.probe(None, ScriptedMpirun(HYDRA_ERROR, HYDRA_ERROR))
+    assert "the MPI probe across 4 ranks failed" in str(err.value) and "process manager error" in str(err.value)
