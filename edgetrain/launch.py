@@ -423,6 +423,7 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
     output: list[str] = []
     status = "failed"
     first_step = None
+    finished = False
     cleanup: list[str] = []
     try:
         assert proc.stdout is not None
@@ -437,10 +438,16 @@ def execute(prep: Prepared, on_event: Callable[[dict], None], on_output: Callabl
                 first_step = time.monotonic() - prep.started
             elif event["event"] == "epoch":
                 last = event
+            elif event["event"] == "finished":
+                finished = True
             elif event["event"] == "start":
                 run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
             on_event(event)
         code = proc.wait()
+        if finished and code != 0:
+            # Every rank passed the final barrier: Hydra's complaint is about how they ended.
+            on_output(f"every rank finished; mpirun still exited with {code} (recorded as returncode in run.json)")
+            code = 0
         if code != 0 and watch.failure is None and prep.cluster is not None:
             # Hydra often ends first when a node goes (its ssh connection closes), sometimes before
             # Docker has recorded the container's end: look for the dead one for a few seconds.

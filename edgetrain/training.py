@@ -15,8 +15,10 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -254,23 +256,34 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     events = Events(redirect_output(args.run_dir / f"rank.{rank}.log"), enabled=rank == 0)
+    # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
+    # hook removes, and os._exit below skips those hooks: they go in a directory of this rank's own.
+    scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
     try:
         train(args, events)
-        # Every rank is done once this completes (an allreduce is a barrier).
+        # Every rank is done once this completes (an allreduce is a barrier): the run is complete,
+        # whatever Hydra makes of the ranks' ends below.
         hvd_tf.allreduce(tf.constant(0), name="finished")
+        events.emit("finished")
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
         traceback.print_exc()
         print(f"edgetrain: rank {rank} on {socket.gethostname()} failed: {type(exc).__name__}: {exc}", flush=True)
         events.emit("failed", rank=rank, host=socket.gethostname(), error=f"{type(exc).__name__}: {exc}")
         # Without MPI_Finalize, Hydra sees an abnormal exit and ends the other ranks at once.
-        os._exit(1)
+        _exit(1, scratch)
     # Nothing is left to send or write, so the ranks end without MPI_Finalize: MPICH 4.0.2's
     # ch4:ucx can hang in it for good when two ranks of a node and ranks of other nodes talk
-    # over TCP (seen on the testbed; one rank per node finalizes fine). Hydra takes a rank that
-    # ends with status 0 after the barrier as a clean end.
+    # over TCP (seen on the testbed; one rank per node finalizes fine). Hydra mostly takes a rank
+    # that ends with status 0 as a clean end, but now and then reports a node's second rank as
+    # ended badly when the first one is gone: the launcher goes by the "finished" event instead.
+    _exit(0, scratch)
+
+
+def _exit(code: int, scratch: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    shutil.rmtree(scratch, ignore_errors=True)
+    os._exit(code)
 
 
 if __name__ == "__main__":
