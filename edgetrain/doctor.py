@@ -54,12 +54,20 @@ def check_horovod() -> Check:
     return Check("horovod", True, "TensorFlow + MPI")
 
 
+def _probe_report(proc: subprocess.CompletedProcess, failed: str, fix: str) -> dict:
+    """Rank 0's report in a probe's output. It proves every rank started and took part in the gather
+    and the allreduce; how Hydra then judges the ranks' ends (see edgetrain.training.main) does not
+    change that."""
+    reports = [line for line in proc.stdout.splitlines() if line.startswith('{"size"')]
+    if not reports:
+        said = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"]
+        raise EdgetrainError(f"{failed}: {' | '.join(said[-3:])}", fix)
+    return json.loads(reports[-1])
+
+
 def check_probe(np: int = 2) -> Check:
     proc = _run([launch.mpirun_path(), "-n", str(np), sys.executable, "-m", "edgetrain.probe"], timeout=120)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        raise EdgetrainError(f"mpi4py probe with {np} ranks failed: {last}", "check that mpi4py was built against this MPICH (make setup)")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _probe_report(proc, f"mpi4py probe with {np} ranks failed", "check that mpi4py was built against this MPICH (make setup)")
     if not report["allreduce_ok"]:
         raise EdgetrainError(f"mpi4py probe: the allreduce over {np} ranks gave a wrong sum")
     r0 = report["ranks"][0]
@@ -218,13 +226,7 @@ PROBE_FIX = "check that the nodes reach each other on the cluster interface (edg
 
 def _probe_once(running: containers.Containers, timeout: float) -> dict:
     proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.probe"]), capture_output=True, text=True, timeout=timeout)
-    # Rank 0's report proves every rank started and took part in the gather and the allreduce; how
-    # Hydra then judges the ranks' ends (see edgetrain.training.main) does not change that.
-    reports = [line for line in proc.stdout.splitlines() if line.startswith('{"size"')]
-    if not reports:
-        said = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"]
-        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks failed: {' | '.join(said[-3:])}", PROBE_FIX)
-    return json.loads(reports[-1])
+    return _probe_report(proc, f"the MPI probe across {running.plan.np} ranks failed", PROBE_FIX)
 
 
 def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
