@@ -14,13 +14,16 @@ from rich.table import Column, Table
 
 from . import collect as collecting
 from . import datasets, launch, runs
+from . import program as programs
+from . import workdir as workdir_mod
 from . import doctor as doctoring
 from . import images as imaging
 from . import inventory as inventories
 from .errors import EdgetrainError, Interrupted
+from .program import JobOptions
 from .progress import ConsoleProgress
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Data-parallel training on edge clusters.")
+app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
 runs_app = typer.Typer(no_args_is_help=True, help="Inspect run directories.")
 data_app = typer.Typer(no_args_is_help=True, help="Find, verify, import and fetch datasets.")
 images_app = typer.Typer(no_args_is_help=True, help="Build training images offline and ship them to the nodes.")
@@ -36,63 +39,76 @@ GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi 
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 
 
-@app.command()
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
 def run(
-    job: Annotated[str, typer.Argument(help="lenet (MNIST) or fashion (Fashion-MNIST).")],
-    np: Annotated[int, typer.Option("--np", help="Number of MPI ranks.")] = 1,
-    epochs: Annotated[Optional[int], typer.Option(help="Train until this many epochs are done (default 1).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Per-rank batch size (default 64).")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="At most this many training steps and validation batches per epoch (smoke tests).")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 42,
-    target_accuracy: Annotated[Optional[float], typer.Option(help="Stop once the averaged validation accuracy reaches this fraction.")] = None,
-    warmup_epochs: Annotated[float, typer.Option(help="Epochs (a fraction is fine) of linear learning-rate warmup to the scaled rate.")] = 0.25,
-    resume: Annotated[Optional[str], typer.Option(help="Continue this run from its newest checkpoint.")] = None,
-    depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
-    width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,
+    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+    np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+    strategy: Annotated[str, typer.Option(help="horovod (mpirun + Horovod) or tf-multiworker (TensorFlow's MultiWorkerMirroredStrategy; TF_CONFIG written per worker).")] = "horovod",
+    tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
+    workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
+    max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")] = None,
+    seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
+    target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
+    warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")] = 0.25,
+    depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
+    width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Train a job with --np MPI ranks; progress on the console, everything else in runs/<id>/."""
-    options = {k: v for k, v in (("depth", depth), ("width", width)) if v is not None}
-    req = launch.RunRequest(job=job, np=np, epochs=epochs, batch_size=batch_size, max_steps=max_steps, seed=seed,
-                            target_accuracy=target_accuracy, warmup_epochs=warmup_epochs, options=options,
-                            inventory=inventory, group=group, runtime=runtime, runs_dir=runs_dir, data_dir=data_dir,
-                            resume=resume, hang_timeout=hang_timeout)
+    """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
+    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs,
+                         {k: v for k, v in (("depth", depth), ("width", width)) if v is not None})
+    program = programs.resolve(target, list(script_args or []), options, workdir, dataset)
+    req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
+                            tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    prep = launch.prepare(req)
-    if prep.placement.oversubscribed:
-        host, n = prep.placement.ranks[0]
+    started = launch.prepare(req)
+    if started.placement.oversubscribed:
+        host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
-    console.print(f"run {prep.run.id}: logs and checkpoints in {prep.run.path}")
-    if prep.cluster is not None:
-        console.print(f"preflight ok on {', '.join(h.name for h in prep.placement.hosts)}; "
-                      f"MPI probe over {prep.placement.np} ranks in {prep.cluster.probe.seconds:.1f} s")
+    console.print(f"run {started.run.id}: logs and outputs in {started.run.path}")
+    if started.manifest is not None:
+        for shipped in started.runtime.shipped:
+            console.print(f"{shipped.host}: working directory {len(started.manifest.entries)} files, "
+                          f"{shipped.files} shipped ({shipped.bytes / 1024:,.0f} KiB) in {shipped.seconds:.1f} s")
+    if started.runtime.probe_seconds is not None:
+        console.print(f"preflight ok on {', '.join(h.name for h in started.placement.hosts)}; "
+                      f"MPI probe over {started.placement.np} ranks in {started.runtime.probe_seconds:.1f} s")
     with ConsoleProgress(console) as bar:
-        outcome = launch.execute(prep, bar.event, lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
+        outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     for problem in outcome.cleanup_errors:
         err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
-    if outcome.status == "completed":
+    if outcome.state is launch.State.COMPLETED:
         m = outcome.last_metrics
-        done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if m else ""
-        console.print(f"run {prep.run.id} completed{done}")
+        done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if "val_accuracy" in m else ""
+        console.print(f"run {started.run.id} completed{done}")
         return
-    if outcome.status == "interrupted":
-        raise Interrupted(f"run {prep.run.id} interrupted", f"continue it with: edgetrain run {job} --resume {prep.run.id}")
+    if outcome.state is launch.State.INTERRUPTED:
+        raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
     for line in outcome.log_tail:
         err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
     if outcome.failed_rank is not None:
         who = f"rank {outcome.failed_rank} on {outcome.failed_host} failed: {outcome.failed_error}"
     elif outcome.failed_host is not None:
         who = f"a rank on {outcome.failed_host} failed: {outcome.failed_error}"
+    elif outcome.failed_error is not None:
+        who = outcome.failed_error
     else:
         who = f"mpirun exited with {outcome.returncode}"
-    raise EdgetrainError(f"run {prep.run.id}: {who}", f"logs in {prep.run.path}; resume with: edgetrain run {job} --resume {prep.run.id}")
+    raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 
 @app.command()

@@ -8,6 +8,7 @@ private key never leaves the rank-0 container and dies with it.
 
 from __future__ import annotations
 
+import posixpath
 import subprocess
 import tempfile
 import time
@@ -15,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import datasets, images
+from . import images
 from .errors import EdgetrainError
 from .inventory import Host
 from .placement import Placement
@@ -25,6 +26,7 @@ SSH_PORT = 12345
 PYTHON = "/opt/edgetrain/bin/python"  # the image's virtualenv
 RUN_MOUNT = "/edgetrain/run"
 DATA_MOUNT = "/edgetrain/data"
+STORE_MOUNT = "/edgetrain/store"
 MACHINEFILE = "/etc/edgetrain/machinefile"
 LABEL = "org.edgetrain.run"
 # Containers share /dev/shm among the ranks of one node; Docker's default 64 MB is too small.
@@ -54,9 +56,9 @@ def datasets_dir(host: Host) -> str:
     return str(host.vars.get("datasets_dir") or DEFAULT_DATASETS_DIR)
 
 
-def data_files(dataset: str, fmt: str) -> list[str]:
-    """A dataset's files as the ranks see them inside the containers."""
-    return [f"{DATA_MOUNT}/{dataset}/{k.filename}" for k in datasets.files_of(dataset, fmt)]
+def store_dir(node_run_dir: str) -> str:
+    """The node's file store (see edgetrain.workdir), beside its run directories."""
+    return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/.store"
 
 
 def mpi_env(host: Host) -> dict[str, str]:
@@ -73,6 +75,7 @@ def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image
         "--network", "host", "--shm-size", SHM_SIZE,
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
         "--volume", f"{datasets_dir(host)}:{DATA_MOUNT}:ro",
+        "--volume", f"{store_dir(node_run_dir)}:{STORE_MOUNT}:ro",
     ]
     if host.is_gpu:
         argv += ["--gpus", "all"]
@@ -113,7 +116,7 @@ class Containers:
     def _start_one(self, host: Host) -> EdgetrainError | None:
         d = self.node_run_dirs[host.name]
         try:
-            self.nodes.check(host, ["mkdir", "-p", d], f"creating {d}")
+            self.nodes.check(host, ["mkdir", "-p", d, store_dir(d)], f"creating {d}")
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host)),
                                    "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
         except EdgetrainError as exc:

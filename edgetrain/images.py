@@ -57,7 +57,7 @@ class Target:
     # runs on, so a platform-specific dependency (aarch64: tensorflow -> tensorflow-cpu-aws) is
     # named here, or a cross-download would miss it.
     tensorflow: tuple[str, ...]
-    python: str  # the base image's python3 (bookworm 3.11, the CUDA images' Ubuntu 22.04 3.10)
+    python: str  # the base image's python3 (bookworm: 3.11)
     glibc: int  # newest manylinux_2_N the base image's glibc runs
     debootstrap_base: bool  # a Debian base can be made with `edgetrain images base`
 
@@ -77,7 +77,9 @@ class Target:
 TARGETS: dict[str, Target] = {
     "arm64": Target("arm64", "Dockerfile.arm64", "arm64", "aarch64", ("tensorflow", "tensorflow-cpu-aws"), "3.11", 36, True),
     "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", ("tensorflow-cpu",), "3.11", 36, True),
-    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.10", 35, False),
+    # The CUDA image builds on the same Debian base as amd64: CUDA, cuDNN and NCCL come as
+    # TensorFlow's pip wheels, nvcc (for Horovod's kernels only) from Debian's non-free archive.
+    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True),
 }
 
 

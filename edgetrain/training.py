@@ -1,12 +1,12 @@
 """The data-parallel recipe every job shares; one process of it runs per MPI rank.
 
-``mpirun ... python -m edgetrain.training --job lenet --run-dir DIR ...``
+``mpirun ... python -m edgetrain.worker --module edgetrain.training -- --job lenet ...``: the
+worker around it handles the rank's log, its end and its failure record, as for any user script.
 
 The contract: the learning rate is scaled by the number of ranks and warmed up; rank 0's initial
 state is broadcast; each rank reads only its own shard; steps per epoch shrink with the number
 of ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
-manifest) and metrics. Each rank's output goes to ``rank.N.log``; rank 0 also reports progress
-as ``@edgetrain {json}`` lines on the stdout that mpirun forwards to the controller.
+manifest) and metrics, through the public callbacks API (``edgetrain.callbacks``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,7 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
-import socket
 import sys
-import tempfile
-import time
-import traceback
 from pathlib import Path
 
 # Before TensorFlow loads: its INFO lines would otherwise reach the console ahead of the rank log.
@@ -32,42 +27,22 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from . import checkpoints, datasets  # noqa: E402
+from . import callbacks as et  # noqa: E402
+from . import datasets  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
-from .progress import Events  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="edgetrain.training")
     p.add_argument("--job", required=True)
-    p.add_argument("--run-dir", type=Path, required=True)
-    p.add_argument("--data-format", required=True)
-    p.add_argument("--data-files", type=Path, nargs="+", required=True)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--target-accuracy", type=float, default=None)
     p.add_argument("--warmup-epochs", type=float, default=0.25)
-    p.add_argument("--resume-from", type=Path, default=None, help="checkpoint directory (read by rank 0)")
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
-
-
-def redirect_output(log: Path):
-    """Send this process's stdout/stderr (TensorFlow's C++ logging included) to its rank log and
-    return a stream on the original stdout."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    original = os.fdopen(os.dup(1), "w", buffering=1)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    return original
 
 
 def weights_digest(model) -> str:
@@ -77,7 +52,7 @@ def weights_digest(model) -> str:
     return h.hexdigest()
 
 
-def train(args: argparse.Namespace, events: Events) -> dict:
+def train(args: argparse.Namespace) -> dict:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     # Ranks sharing a machine share its cores; TensorFlow would otherwise give each all of them.
@@ -85,14 +60,14 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(args.seed)
-    print(f"rank {rank}/{size} on {socket.gethostname()} (pid {os.getpid()}): {threads} TF threads, "
-          f"TF {tf.__version__}, Horovod {horovod.__version__}", flush=True)
+    print(f"{threads} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}", flush=True)
 
     spec = get_job(args.job)
     job = spec.load()
     options = {**spec.options, **args.options}
 
-    files = datasets.DatasetFiles(spec.dataset, args.data_format, tuple(args.data_files), "command line")
+    # The worker points EDGETRAIN_DATA at the node's datasets (a container's mount, or the run's links).
+    files = datasets.locate(spec.dataset, Path(os.environ["EDGETRAIN_DATA"]) if "EDGETRAIN_DATA" in os.environ else None)
     train_all, test_all = datasets.load(files)
     train_split = datasets.shard(train_all, rank, size)
     test_split = datasets.shard(test_all, rank, size)
@@ -120,14 +95,9 @@ def train(args: argparse.Namespace, events: Events) -> dict:
     opt.build(net.trainable_variables)
     state = tf.train.Checkpoint(model=net, optimizer=opt)
 
-    initial_epoch = 0
-    if args.resume_from is not None and rank == 0:
-        ckpt = checkpoints.read(args.resume_from)
-        checkpoints.verify(ckpt)
-        state.read(str(args.resume_from / "state")).assert_existing_objects_matched()
-        initial_epoch = ckpt.epoch
-        print(f"resumed from {args.resume_from} (epoch {ckpt.epoch}), weights sha256 {weights_digest(net)}", flush=True)
-    initial_epoch = int(hvd_tf.broadcast(tf.constant(initial_epoch), 0, name="initial_epoch"))
+    initial_epoch = et.restore(state)
+    if initial_epoch and rank == 0:
+        print(f"resumed from {os.environ['EDGETRAIN_RESUME_FROM']} (epoch {initial_epoch}), weights sha256 {weights_digest(net)}", flush=True)
     hvd_tf.broadcast_variables(net.variables, root_rank=0)
     hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
 
@@ -162,11 +132,12 @@ def train(args: argparse.Namespace, events: Events) -> dict:
             initial_lr=lr, multiplier=lr_multiplier, staircase=False, steps_per_epoch=steps, momentum_correction=False
         ),
     ]
-    recorder = Recorder(args, events, steps, state, spec.name)
-    callbacks.append(recorder)
-
-    events.emit("start", job=spec.name, ranks=size, epochs=args.epochs, initial_epoch=initial_epoch, steps=steps,
-                versions={"tensorflow": tf.__version__, "horovod": horovod.__version__})
+    progress = et.Progress(args.batch_size, args.target_accuracy)
+    callbacks += [
+        progress,
+        et.Checkpoints(state, progress, extra={"options": {"batch_size": args.batch_size, **args.options}}),
+        tf.keras.callbacks.TensorBoard(log_dir=str(et.run_dir() / "tensorboard"), profile_batch=0) if rank == 0 else None,
+    ]
     net.fit(
         train_ds,
         steps_per_epoch=steps,
@@ -174,14 +145,12 @@ def train(args: argparse.Namespace, events: Events) -> dict:
         initial_epoch=initial_epoch,
         validation_data=test_ds,
         validation_steps=val_steps,
-        callbacks=callbacks,
+        callbacks=[c for c in callbacks if c is not None],
         verbose=0,
     )
     digest = weights_digest(net)
     print(f"final weights sha256 {digest}", flush=True)
-    result = {"weights_sha256": digest, "stopped_early": recorder.reached_target, "last": recorder.last}
-    events.emit("done", **result)
-    return result
+    return {"weights_sha256": digest, "stopped_early": progress.reached_target, "last": progress.last}
 
 
 class AverageNonTrainable(tf.keras.callbacks.Callback):
@@ -194,96 +163,8 @@ class AverageNonTrainable(tf.keras.callbacks.Callback):
             v.assign(hvd_tf.allreduce(v, op=hvd_tf.Average, name=f"sync.{v.name}"))
 
 
-class Recorder(tf.keras.callbacks.Callback):
-    """Per-epoch bookkeeping: progress, metrics.jsonl, checkpoints, the accuracy target."""
-
-    def __init__(self, args: argparse.Namespace, events: Events, steps: int, state: tf.train.Checkpoint, job: str) -> None:
-        super().__init__()
-        self.args, self.events, self.steps, self.state, self.job = args, events, steps, state, job
-        self.started = time.time()
-        self.reached_target = False
-        self.last: dict = {}
-        self.last_emit = 0.0
-        self.epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-        self.epoch_start = time.time()
-        self.train_time = None
-
-    def on_train_batch_end(self, batch, logs=None):
-        now = time.time()
-        if now - self.last_emit > 0.5 or batch + 1 == self.steps:
-            self.last_emit = now
-            done = (batch + 1) * self.args.batch_size * hvd.size()
-            self.events.emit("step", epoch=self.epoch + 1, step=batch + 1, steps=self.steps,
-                             loss=float(logs.get("loss", 0.0)), images_per_sec=done / max(now - self.epoch_start, 1e-9))
-
-    def on_test_begin(self, logs=None):
-        if self.train_time is None:
-            self.train_time = time.time() - self.epoch_start
-
-    def on_epoch_end(self, epoch, logs=None):
-        train_time = self.train_time or (time.time() - self.epoch_start)
-        metrics = {
-            "epoch": epoch + 1,
-            "loss": float(logs["loss"]),
-            "accuracy": float(logs["accuracy"]),
-            "val_loss": float(logs["val_loss"]),
-            "val_accuracy": float(logs["val_accuracy"]),
-            "images_per_sec": self.steps * self.args.batch_size * hvd.size() / train_time,
-            "elapsed": time.time() - self.started,
-            "lr": float(logs.get("lr", 0.0)),
-            "ranks": hvd.size(),
-        }
-        self.last = metrics
-        if hvd.rank() == 0:
-            checkpoints.write(
-                self.args.run_dir / "checkpoints", epoch + 1, self.job, metrics,
-                lambda d: self.state.write(str(d / "state")),
-                extra={"rank": 0, "options": {"batch_size": self.args.batch_size, **self.args.options}},
-            )
-            with open(self.args.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            self.events.emit("epoch", **metrics)
-        if self.args.target_accuracy is not None and metrics["val_accuracy"] >= self.args.target_accuracy:
-            # Every rank sees the same averaged value, so all stop after the same epoch.
-            self.reached_target = True
-            self.model.stop_training = True
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    events = Events(redirect_output(args.run_dir / f"rank.{rank}.log"), enabled=rank == 0)
-    # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
-    # hook removes, and os._exit below skips those hooks: they go in a directory of this rank's own.
-    scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
-    try:
-        train(args, events)
-        # Every rank is done once this completes (an allreduce is a barrier): the run is complete,
-        # whatever Hydra makes of the ranks' ends below.
-        hvd_tf.allreduce(tf.constant(0), name="finished")
-        events.emit("finished")
-    except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
-        traceback.print_exc()
-        print(f"edgetrain: rank {rank} on {socket.gethostname()} failed: {type(exc).__name__}: {exc}", flush=True)
-        events.emit("failed", rank=rank, host=socket.gethostname(), error=f"{type(exc).__name__}: {exc}")
-        # Without MPI_Finalize, Hydra sees an abnormal exit and ends the other ranks at once.
-        _exit(1, scratch)
-    # Nothing is left to send or write, so the ranks end without MPI_Finalize: MPICH 4.0.2's
-    # ch4:ucx can hang in it for good when two ranks of a node and ranks of other nodes talk
-    # over TCP (seen on the testbed; one rank per node finalizes fine). Hydra mostly takes a rank
-    # that ends with status 0 as a clean end, but now and then reports a node's second rank as
-    # ended badly when the first one is gone: the launcher goes by the "finished" event instead.
-    _exit(0, scratch)
-
-
-def _exit(code: int, scratch: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    shutil.rmtree(scratch, ignore_errors=True)
-    os._exit(code)
+    train(parse_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""Failure records: each rank that fails writes ``rank.N.failure.json`` next to its log.
+
+The launcher names the earliest failure from these records rather than from log text, so a line
+left in a log by an earlier attempt can never be blamed (a rank clears its record when it starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    host: str
+    pid: int
+    error: str
+    time: float
+    fix: str | None = None
+    traceback: str | None = None
+
+
+def path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank.{rank}.failure.json"
+
+
+def clear(run_dir: Path, rank: int) -> None:
+    path(run_dir, rank).unlink(missing_ok=True)
+
+
+def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None) -> Failure:
+    f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None)
+    tmp = run_dir / f".rank.{rank}.failure.json.tmp"
+    tmp.write_text(json.dumps(f.__dict__, indent=1))
+    os.replace(tmp, path(run_dir, rank))
+    print(f"edgetrain: rank {rank} on {host} failed: {error}", flush=True)
+    return f
+
+
+def read_all(run_dir: Path) -> list[Failure]:
+    """Every readable record, earliest first; a damaged one is skipped rather than blamed."""
+    found = []
+    for p in run_dir.glob("rank.*.failure.json"):
+        try:
+            found.append(Failure(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(found, key=lambda f: f.time)

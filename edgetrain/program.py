@@ -1,0 +1,120 @@
+"""What a run runs: a built-in job or the user's own script, with its arguments and the datasets it needs."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import jobs
+from .datasets import DATASETS
+from .errors import UsageError
+
+STRATEGIES = ("horovod", "tf-multiworker")
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The built-in jobs' options; a user script takes its own after ``--``."""
+
+    epochs: int | None = None
+    batch_size: int | None = None
+    max_steps: int | None = None
+    seed: int = 42
+    target_accuracy: float | None = None
+    warmup_epochs: float = 0.25
+    extra: dict = field(default_factory=dict)  # the job's own (``--depth``, ``--width``)
+
+    def given(self) -> list[str]:
+        """The options that differ from their defaults, as the user would have typed them."""
+        found = [f"--{k.replace('_', '-')}" for k, v in self.__dict__.items()
+                 if k != "extra" and v != JobOptions.__dataclass_fields__[k].default]
+        return found + [f"--{k}" for k in self.extra]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str  # the job's name, or the script's file name without .py: names the run
+    args: tuple[str, ...]  # what the program is given
+    job: jobs.JobSpec | None = None
+    script: str | None = None  # relative to workdir
+    workdir: Path | None = None
+    datasets: tuple[str, ...] = ()  # required on every node
+    epochs: int | None = None  # a built-in job's total, for resume checks
+
+    @property
+    def is_script(self) -> bool:
+        return self.script is not None
+
+    def worker_args(self) -> list[str]:
+        """The program part of ``edgetrain.worker``'s command line."""
+        if self.job is not None:
+            return ["--module", "--quiet", "edgetrain.training", "--", *self.args]
+        return [self.script or "", "--", *self.args]
+
+
+def _check_numbers(o: JobOptions) -> None:
+    for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} {value} must be at least 1")
+    if not o.warmup_epochs >= 0:  # also refuses nan
+        raise UsageError(f"--warmup-epochs {o.warmup_epochs} must be a number of epochs, 0 or more", "use 0 for no warmup")
+    if o.target_accuracy is not None and not 0 < o.target_accuracy <= 1:
+        raise UsageError(f"--target-accuracy {o.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
+    if o.seed < 0:
+        raise UsageError(f"--seed {o.seed} must be 0 or more")
+
+
+def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Program:
+    if passthrough:
+        raise UsageError(f"the built-in job {spec.name} takes no arguments after --: {' '.join(passthrough)}",
+                         f"use its options (edgetrain run {spec.name} --help)")
+    unknown = sorted(set(o.extra) - set(spec.options))
+    if unknown:
+        known = ", ".join(f"--{k}" for k in spec.options) or "none"
+        raise UsageError(f"job {spec.name} has no option --{unknown[0]}", f"its own options: {known}")
+    _check_numbers(o)
+    options = {**spec.options, **o.extra}
+    if any(int(v) < 1 for v in options.values()):
+        bad = next(k for k, v in options.items() if int(v) < 1)
+        raise UsageError(f"--{bad} {options[bad]} must be at least 1")
+    epochs = o.epochs or spec.epochs
+    args = ["--job", spec.name, "--epochs", str(epochs), "--batch-size", str(o.batch_size or spec.batch_size),
+            "--seed", str(o.seed), "--warmup-epochs", str(o.warmup_epochs), "--options", json.dumps(options)]
+    if o.max_steps:
+        args += ["--max-steps", str(o.max_steps)]
+    if o.target_accuracy is not None:
+        args += ["--target-accuracy", str(o.target_accuracy)]
+    return Program(spec.name, tuple(args), job=spec, datasets=(spec.dataset,), epochs=epochs)
+
+
+def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: Path | None = None,
+            wanted: list[str] | None = None) -> Program:
+    """``edgetrain run TARGET``: a built-in job's name, or the path of a Python script."""
+    if target in jobs.JOBS:
+        if workdir is not None:
+            raise UsageError(f"--workdir is for scripts; the built-in job {target} ships nothing")
+        return _builtin(jobs.JOBS[target], options, passthrough)
+    path = Path(target)
+    if not path.exists():
+        if path.suffix == ".py" or "/" in target:
+            raise UsageError(f"script {target} does not exist", "give the path of your training script")
+        raise UsageError(f"unknown job {target!r}", f"choose one of: {', '.join(jobs.JOBS)}, or give the path of your script")
+    if not path.is_file():
+        raise UsageError(f"{target} is not a file", "give the path of your training script (e.g. ./train.py)")
+    given = options.given()
+    if given:
+        raise UsageError(f"{given[0]} is an option of the built-in jobs, not of your script",
+                         f"pass your script's own options after --: edgetrain run {target} -- {given[0]} ...")
+    root = (workdir or path.parent).resolve()
+    script = path.resolve()
+    if not script.is_relative_to(root):
+        raise UsageError(f"script {target} is not inside --workdir {root}", "pass the folder that holds the script")
+    for name in wanted or []:
+        if name not in DATASETS:
+            raise UsageError(f"unknown --dataset {name!r}", f"use one of: {', '.join(DATASETS)}")
+    name = script.stem if script.stem not in ("train", "main") else f"{root.name}-{script.stem}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "script"
+    return Program(name, tuple(passthrough), script=script.relative_to(root).as_posix(), workdir=root,
+                   datasets=tuple(wanted or ()))

@@ -1,0 +1,250 @@
+"""Where the ranks run: on the hosts themselves (``host``) or in the edgetrain image on every node
+(``docker``). Both sit behind one small interface, so the launcher never asks which it has.
+
+A runtime checks its nodes, stages what a run needs there (the shipped working directory, the
+datasets), starts whatever the ranks run in, gives the ``mpirun`` command line, reports whether
+each node is still alive, and removes everything it started.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import containers, datasets, images, mpi, preflight, runs, workdir
+from .errors import EdgetrainError
+from .inventory import Host, Inventory
+from .placement import Placement
+from .program import Program
+from .remote import Nodes
+
+CHECK_PORTS = (
+    "import socket, sys\n"
+    "for p in sys.argv[1:]:\n"
+    "    s = socket.socket()\n"
+    "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "    try:\n"
+    "        s.bind(('', int(p)))\n"
+    "    except OSError:\n"
+    "        print(p)\n"
+    "    s.close()\n"
+)
+
+
+@dataclass
+class Runtime:
+    """The part both runtimes share: the placement, the ssh session to the nodes, and what ranks see."""
+
+    name = ""
+    plan: Placement
+    inventory: Inventory
+    nodes: Nodes = field(default_factory=Nodes)
+    python: str = sys.executable
+    shipped: list[workdir.Shipped] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+    probe_seconds: float | None = None
+
+    # -- what the ranks see -------------------------------------------------------------------
+    def run_dir(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    def store(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    def data_dir(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    # -- the steps of a launch ----------------------------------------------------------------
+    def check(self, program: Program) -> None:
+        """Every check that needs no run directory; raises on the first failure."""
+
+    def check_ports(self, ports: dict[str, list[int]]) -> None:
+        """Refuse ports (per host name) that something already listens on."""
+        for h in self.plan.hosts:
+            wanted = [str(p) for p in ports.get(h.name, [])]
+            python = sys.executable if h.is_local else "python3"
+            busy = self.nodes.check(h, [python, "-c", CHECK_PORTS, *wanted], "checking ports").split()
+            if busy:
+                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; tf-multiworker needs ports "
+                                     f"{wanted[0]}-{wanted[-1]} there", "pass another --tf-port")
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        raise NotImplementedError
+
+    def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
+        """Ship the working directory to every node's store and leave its manifest in the run dir."""
+        if manifest is None:
+            return
+        dirs = self.node_run_dirs(run)
+        body = manifest.to_json()
+        for h in self.plan.hosts:
+            store = containers.store_dir(dirs[h.name])
+            self.shipped.append(workdir.ship(self.nodes, h, store, manifest))
+            target = f"{dirs[h.name]}/{workdir.MANIFEST}"
+            self.nodes.check(h, ["sh", "-c", f"mkdir -p {shlex.quote(dirs[h.name])} && cat > {shlex.quote(target)}"],
+                             "writing the working directory's manifest", input=body)
+
+    def start(self, run: runs.Run) -> None:
+        """Start what the ranks run in (nothing on the host runtime)."""
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def states(self) -> list[containers.NodeState]:
+        """Each node's state while the run goes on; empty when there is nothing to watch."""
+        return []
+
+    def stop(self) -> None:
+        """End every rank at once (the watcher's and Ctrl-C's way out)."""
+
+    def finish(self, run: runs.Run) -> list[str]:
+        """Remove what was started and bring the rank logs home; the problems met doing so."""
+        self.nodes.close()
+        return []
+
+    def record(self, run: runs.Run) -> dict:
+        return {}
+
+
+class HostRuntime(Runtime):
+    """Ranks run on the hosts themselves, ``mpirun`` on this machine (the embedded default)."""
+
+    name = "host"
+
+    def check(self, program: Program) -> None:
+        if not self.plan.head.is_local:
+            raise EdgetrainError(
+                f"the host runtime starts mpirun on this machine, but rank 0's host {self.plan.head.name} is another machine",
+                "use --runtime docker, or run edgetrain on the head node",
+            )
+        self.mpirun_exe = mpi.mpirun_path()
+        self.data = {d: datasets.locate(d, self.data_dir_option) for d in program.datasets}
+        self.versions = {"python": sys.version.split()[0], "mpich": mpi.mpich_version(self.mpirun_exe)}
+
+    data_dir_option: Path | None = None
+
+    def run_dir(self, run: runs.Run) -> str:
+        return str(run.path.resolve())
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        return {h.name: self.run_dir(run) for h in self.plan.hosts}
+
+    def store(self, run: runs.Run) -> str:
+        return containers.store_dir(self.run_dir(run))
+
+    def data_dir(self, run: runs.Run) -> str:
+        return str((run.path / "data").resolve())
+
+    def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
+        # The ranks find every dataset under one directory, as they do in a container.
+        for found in getattr(self, "data", {}).values():
+            d = run.path / "data" / found.dataset
+            d.mkdir(parents=True, exist_ok=True)
+            for p in found.paths:
+                (d / p.name).unlink(missing_ok=True)
+                (d / p.name).symlink_to(p.resolve())
+        super().stage(run, manifest)
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        machinefile = run.path / "machinefile"
+        machinefile.write_text(self.plan.machinefile())
+        iface = self.plan.head.iface if len(self.plan.hosts) > 1 else None
+        argv = mpi.mpirun_argv(self.mpirun_exe, str(machinefile), self.plan.np, iface, containers.mpi_env(self.plan.head), ssh=False)
+        return [*argv, *worker]
+
+    def record(self, run: runs.Run) -> dict:
+        return {"dataset": {name: {"format": f.fmt, "files": {str(p): datasets.sha256_file(p) for p in f.paths}}
+                            for name, f in getattr(self, "data", {}).items()}}
+
+
+class DockerRuntime(Runtime):
+    """One container of the node's image per node; ``mpirun`` inside the rank-0 container."""
+
+    name = "docker"
+    python = containers.PYTHON
+
+    def check(self, program: Program) -> None:
+        self.reports = preflight.check_nodes(self.nodes, self.plan, program.datasets, self.inventory.source)
+        preflight.require(self.reports)
+        self.containers: containers.Containers | None = None
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}
+
+    def run_dir(self, run: runs.Run) -> str:
+        return containers.RUN_MOUNT
+
+    def store(self, run: runs.Run) -> str:
+        return containers.STORE_MOUNT
+
+    def data_dir(self, run: runs.Run) -> str:
+        return containers.DATA_MOUNT
+
+    def head_run_dir(self, run: runs.Run) -> str:
+        return self.node_run_dirs(run)[self.plan.head.name]
+
+    def start(self, run: runs.Run) -> None:
+        self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
+        self.containers.start()
+        probed = preflight.probe(self.nodes, self.containers)
+        r0 = probed.ranks[0]
+        self.versions = {"mpich": r0["mpi"], "tensorflow": r0["tensorflow"], "horovod": r0["horovod"]}
+        self.probe_seconds = probed.seconds
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        assert self.containers is not None
+        return self.containers.mpirun(worker)
+
+    def states(self) -> list[containers.NodeState]:
+        return self.containers.states() if self.containers is not None else []
+
+    def stop(self) -> None:
+        if self.containers is not None:
+            self.containers.remove()  # ends mpirun and every rank with their containers
+
+    def finish(self, run: runs.Run) -> list[str]:
+        failed: list[str] = []
+        if self.containers is not None:
+            failed = self.containers.remove()
+            dirs = self.node_run_dirs(run)
+            for host in self.plan.hosts:
+                names = ["rank.*.log", "rank.*.failure.json"]
+                if host is self.plan.head:
+                    names += ["metrics.jsonl", "outputs.json"]
+                try:
+                    self.nodes.fetch(host, dirs[host.name], names, run.path)
+                except EdgetrainError as exc:
+                    failed.append(f"{host.name}: logs not copied: {exc}")
+        self.nodes.close()
+        return failed
+
+    def record(self, run: runs.Run) -> dict:
+        dirs = self.node_run_dirs(run)
+        return {"nodes": {r.host.name: {"runs_dir": dirs[r.host.name], "image": images.image_for(r.host), "image_id": r.image_id}
+                          for r in self.reports},
+                "dataset": {d: {"format": self.reports[0].data_formats.get(d), "verified_on": [r.host.name for r in self.reports]}
+                            for d in self.reports[0].data_formats}}
+
+
+RUNTIMES = {"host": HostRuntime, "docker": DockerRuntime}
+
+
+def tf_workers(plan: Placement, base_port: int) -> tuple[list[str], dict[str, list[int]]]:
+    """Every tf-multiworker worker's ``host:port`` in rank order, and the ports each host needs."""
+    workers, ports = [], {}
+    for host, n in plan.ranks:
+        ports[host.name] = [base_port + i for i in range(n)]
+        address = host.address if not host.is_local or len(plan.hosts) > 1 else "localhost"
+        workers += [f"{address}:{p}" for p in ports[host.name]]
+    return workers, ports
+
+
+def local_hostname() -> str:
+    return socket.gethostname()
+
+
+def host_of(plan: Placement, address: str) -> Host | None:
+    return next((h for h in plan.hosts if h.address == address or h.name == address), None)

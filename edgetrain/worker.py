@@ -1,0 +1,230 @@
+"""What every rank runs: ``mpirun ... python -m edgetrain.worker [options] -- SCRIPT [ARGS...]``.
+
+A middleman between Hydra and the program (the user's script, or a built-in job's module): it
+sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts the program in
+the rank's working copy of the shipped folder with the node's datasets where Keras looks for
+them, writes ``TF_CONFIG`` for TensorFlow's multi-worker strategy, and records how the rank
+ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
+list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+from . import failures, workdir
+from .progress import Events
+
+# Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
+KERAS_LAYOUT = {
+    "fashion-mnist": ("fashion-mnist", ("train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
+                                        "t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz")),
+    "mnist": ("", ("mnist.npz",)),
+}
+OUTPUTS = "outputs.json"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="edgetrain.worker")
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--store", type=Path, help="the node's file store (with --workdir-manifest)")
+    p.add_argument("--data", type=Path, help="the node's datasets, DIR/<dataset>/<files>")
+    p.add_argument("--strategy", choices=("horovod", "tf-multiworker"), default="horovod")
+    p.add_argument("--tf-workers", default="", help="host:port of every worker, in rank order")
+    p.add_argument("--job-name", default="", help="names the run's checkpoints (EDGETRAIN_JOB)")
+    p.add_argument("--resume-from", default="", help="the checkpoint a resumed run starts from (EDGETRAIN_RESUME_FROM)")
+    p.add_argument("--quiet", action="store_true", help="rank 0's output goes to its log only (the program reports events)")
+    p.add_argument("--module", action="store_true", help="the program is a module name, not a script path")
+    p.add_argument("program")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return p.parse_args(argv)
+
+
+def rank_and_size() -> tuple[int, int]:
+    return int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+
+
+def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
+    """Point fds 1 and 2 (TensorFlow's C++ logging included) at the rank log, or through a pipe
+    that a thread copies to both the log and the console. Returns a dup of the original stdout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    console = os.dup(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pump = None
+    if tee:
+        r, w = os.pipe()
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+
+        def copy() -> None:
+            while block := os.read(r, 65536):
+                os.write(log_fd, block)
+                os.write(console, block)
+
+        pump = threading.Thread(target=copy, daemon=True)
+        pump.start()
+    else:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return console, pump
+
+
+def link_datasets(data: Path, keras_home: Path) -> list[str]:
+    """Make the node's datasets appear in Keras' cache; files already there are left alone."""
+    linked = []
+    for dataset, (subdir, names) in KERAS_LAYOUT.items():
+        for name in names:
+            src = data / dataset / name
+            dst = keras_home / "datasets" / subdir / name
+            if src.is_file() and not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.unlink(missing_ok=True)  # a dangling link from an older run
+                dst.symlink_to(src.resolve())
+                linked.append(dataset)
+    return sorted(set(linked))
+
+
+def keras_home() -> Path:
+    """``~/.keras``, or ``/tmp/.keras`` where Keras falls back when the home is not writable."""
+    home = Path(os.path.expanduser("~")) / ".keras"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / ".keras"
+
+
+def tf_config(workers: list[str], index: int) -> str:
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
+def _horovod():
+    """Horovod's TensorFlow module if the program initialized it, else None."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    try:
+        return hvd if hvd is not None and hvd.is_initialized() else None
+    except Exception:  # noqa: BLE001 - an unusable Horovod counts as not initialized
+        return None
+
+
+def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Manifest | None) -> None:
+    """Rank 0's files for ``collect``: new or changed in its working copy, and the output dir."""
+    work = workdir.changed(manifest, cwd) if manifest is not None else {}
+    out = workdir.changed(workdir.Manifest(outputs, ()), outputs) if outputs.is_dir() else {}
+    tmp = run_dir / f".{OUTPUTS}.tmp"
+    tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
+    os.replace(tmp, run_dir / OUTPUTS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.args[:1] == ["--"]:
+        args.args = args.args[1:]
+    rank, size = rank_and_size()
+    run_dir = args.run_dir
+    failures.clear(run_dir, rank)
+    console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
+    events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0)
+    host = socket.gethostname()
+    print(f"rank {rank}/{size} on {host} (pid {os.getpid()})", flush=True)
+
+    # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
+    private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
+    cwd, outputs = private / "work", private / "outputs"
+    # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
+    # hook removes, and the os._exit below skips those hooks: they go in a directory of our own.
+    scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
+    manifest = None
+    code = 0
+    try:
+        manifest_file = run_dir / workdir.MANIFEST
+        if args.store is not None and manifest_file.is_file():
+            manifest = workdir.Manifest.from_json(manifest_file.read_text())
+            workdir.materialize(manifest, args.store, cwd)
+        cwd.mkdir(parents=True, exist_ok=True)
+        outputs.mkdir(parents=True, exist_ok=True)
+        os.chdir(cwd)
+        os.environ.update(EDGETRAIN_RUN_DIR=str(run_dir), EDGETRAIN_OUTPUT_DIR=str(outputs), EDGETRAIN_RANK=str(rank),
+                          EDGETRAIN_JOB=args.job_name)
+        if args.resume_from:
+            os.environ["EDGETRAIN_RESUME_FROM"] = args.resume_from
+        if rank == 0:
+            os.environ["EDGETRAIN_EVENTS_FD"] = str(console)
+        if args.data is not None:
+            os.environ["EDGETRAIN_DATA"] = str(args.data)
+            link_datasets(args.data, keras_home())
+        if args.strategy == "tf-multiworker":
+            os.environ["TF_CONFIG"] = tf_config(args.tf_workers.split(","), rank)
+        if args.module:
+            sys.argv = [args.program, *args.args]
+            runpy.run_module(args.program, run_name="__main__", alter_sys=True)
+        else:
+            script = str(cwd / args.program) if manifest is not None else args.program
+            sys.argv = [script, *args.args]
+            sys.path.insert(0, str(Path(script).parent))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            code = exc.code if isinstance(exc.code, int) else 1
+            failures.write(run_dir, rank, host, f"the program exited with status {exc.code}", None)
+    except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
+        traceback.print_exc()
+        failures.write(run_dir, rank, host, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if code == 0 and args.strategy == "horovod" and size > 1 and _horovod() is None:
+        failures.write(run_dir, rank, host, "the script ended without calling hvd.init(), so every rank trained alone",
+                       None, fix="call hvd.init() and wrap the optimizer in hvd.DistributedOptimizer (see examples/), "
+                                 "or pass --strategy tf-multiworker")
+        code = 1
+    if rank == 0:
+        try:
+            record_outputs(run_dir, cwd, outputs, manifest)
+        except OSError as exc:
+            print(f"edgetrain: could not list rank 0's outputs: {exc}", flush=True)
+    hvd = _horovod()
+    if code == 0 and hvd is not None:
+        try:
+            # An allreduce is a barrier: once it completes every rank has run its program to the end.
+            hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
+            events.emit("finished")
+        except BaseException as exc:  # noqa: BLE001
+            failures.write(run_dir, rank, host, f"the final barrier failed: {type(exc).__name__}: {exc}", None)
+            code = 1
+    _end(code, scratch, pump)
+
+
+def _end(code: int, scratch: str, pump: threading.Thread | None) -> None:
+    """End without MPI_Finalize or atexit hooks: MPICH 4.0.2's ch4:ucx can hang in MPI_Finalize
+    for good when two ranks of a node and ranks of other nodes talk over TCP (seen on the
+    testbed), and a failed rank must end now so that Hydra ends the others. Hydra mostly takes a
+    status-0 end as clean, but now and then reports a node's second rank as ended badly: the
+    launcher goes by the "finished" event instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    shutil.rmtree(scratch, ignore_errors=True)
+    if pump is not None:
+        os.close(1)
+        os.close(2)
+        pump.join(timeout=5)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
