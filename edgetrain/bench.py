@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import containers, doctor, inventory, jobs, launch, placement, progress, runs
+from . import containers, inventory, placement, preflight, progress, runs
+from . import program as programs
+from .program import JobOptions
 from .remote import Nodes
 
 
@@ -36,21 +38,19 @@ def edgetrain_run(inv: Path, job: str, np: int, max_steps: int, runs_dir: Path) 
 
 def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
     """Seconds from ``mpirun`` (in already running containers) to the job's first training step."""
-    spec = jobs.get(job)
+    program = programs.resolve(job, [], JobOptions(epochs=1, max_steps=max_steps))
     loaded = inventory.load(inv)
     plan = placement.plan(loaded, np)
     with Nodes() as nodes:
-        reports = doctor.check_nodes(nodes, plan, spec.dataset, loaded.source)
-        doctor.require(reports)
+        reports = preflight.check_nodes(nodes, plan, program.datasets, loaded.source)
+        preflight.require(reports)
         tag = f"bench-{int(time.time())}"
         dirs = {r.host.name: f"{r.runs_dir}/.{tag}" for r in reports}
         running = containers.Containers(nodes, plan, tag, dirs)
         running.start()
         try:
-            files = containers.data_files(spec.dataset, reports[0].data_format)
-            req = launch.RunRequest(job=job, np=np, max_steps=max_steps)
-            worker = launch.worker_command(containers.PYTHON, spec, req, containers.RUN_MOUNT, reports[0].data_format, files,
-                                    1, spec.batch_size, spec.options, None)
+            worker = [containers.PYTHON, "-m", "edgetrain.worker", "--run-dir", containers.RUN_MOUNT,
+                      "--data", containers.DATA_MOUNT, "--job-name", program.name, *program.worker_args()]
             start = time.monotonic()
             proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert proc.stdout is not None

@@ -99,7 +99,7 @@ class Progress(tf.keras.callbacks.Callback):
         self.steps = self.params.get("steps") or 0
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=self.params.get("epochs"),
                          initial_epoch=_restored_epoch, steps=self.steps,
-                         versions={"tensorflow": tf.__version__})
+                         versions=_versions())
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.epoch_start, self.train_time = epoch, time.time(), None
@@ -131,6 +131,13 @@ class Progress(tf.keras.callbacks.Callback):
             # Averaged metrics are the same on every rank, so all ranks stop after the same epoch.
             self.reached_target = True
             self.model.stop_training = True
+
+
+def _versions() -> dict:
+    found = {"tensorflow": tf.__version__}
+    if "horovod" in sys.modules:
+        found["horovod"] = sys.modules["horovod"].__version__
+    return found
 
 
 def _number(v) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -126,7 +127,9 @@ def collect(
         result = collecting.collect_remote(run, inv, dest)
     else:
         result = collecting.collect_local(run, dest)
-    console.print(f"{result.dest}: checkpoints {', '.join(map(str, result.checkpoints))} verified; "
+    verified = [f"checkpoints {', '.join(map(str, result.checkpoints))}"] if result.checkpoints else []
+    verified += [f"{len(result.outputs)} outputs"] if result.outputs else []
+    console.print(f"{result.dest}: {' and '.join(verified)} verified; "
                   f"{len(result.copied)} files copied, {len(result.unchanged)} already there")
 
 
@@ -181,18 +184,36 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
 
 @runs_app.command("show")
 def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs")) -> None:
-    """A run's placement, options, versions and per-epoch metrics."""
+    """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
     r = runs.find(runs_dir, run_id)
     info = r.info()
-    console.print(f"[bold]{r.id}[/]  job {info.get('job')}  status {info.get('status')}  ({r.path})")
-    console.print(f"placement: {info['placement']['np']} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in info["placement"]["hosts"]))
-    console.print("options: " + ", ".join(f"{k}={v}" for k, v in info.get("options", {}).items()))
-    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()))
-    table = Table("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "img/s", "elapsed s", box=None)
-    for m in r.metrics():
-        table.add_row(str(m["epoch"]), f"{m['loss']:.4f}", f"{m['accuracy']:.4f}", f"{m['val_loss']:.4f}",
-                      f"{m['val_accuracy']:.4f}", f"{m['images_per_sec']:,.0f}", f"{m['elapsed']:.0f}")
-    console.print(table)
+    where = info.get("placement", {})
+    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {info.get('status')}  ({r.path})", highlight=False)
+    program = info.get("program", {})
+    if program:
+        console.print(f"program: {program.get('script', info.get('job'))} {shlex.join(program.get('args', []))}", markup=False, highlight=False)
+    console.print(f"placement: {where.get('np')} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.get("hosts", []))
+                  + f" ({where.get('runtime')} runtime, {where.get('strategy', 'horovod')})", highlight=False)
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()), highlight=False)
+    metrics = r.metrics()
+    if metrics:
+        columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]
+        table = Table("epoch", *columns, box=None)
+        for m in metrics:
+            table.add_row(str(m["epoch"]), *(_cell(m.get(k)) for k in columns))
+        console.print(table)
+    outputs = collecting.outputs_of(r)
+    if outputs:
+        home = "" if where.get("runtime") != "docker" else f" (on {where['hosts'][0]['host']} until: edgetrain collect {r.id} --dest DIR)"
+        console.print(f"outputs of rank 0{home}:", highlight=False)
+        for rel, digest in outputs.items():
+            console.print(f"  {rel}  sha256 {digest[:16]}", markup=False, highlight=False)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4f}"
+    return "-" if value is None else str(value)
 
 
 @data_app.command("list")

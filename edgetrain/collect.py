@@ -1,4 +1,9 @@
-"""Bringing a run home: checkpoints, metrics and logs, each checkpoint verified against its manifest.
+"""Bringing a run home: checkpoints, rank 0's outputs, metrics and logs, every checkpoint and
+output file verified against its sha256.
+
+Rank 0's outputs are what its program wrote in its working directory (new or changed files) and
+under ``$EDGETRAIN_OUTPUT_DIR``, as listed in ``outputs.json``; for a rank 0 that was killed
+before it could list them, they are found by comparing its working copy with what was shipped.
 
 Safe to repeat: a file already at the destination with the right content is left alone, a
 missing or damaged one is copied again, and every copy lands under a temporary name first.
@@ -6,13 +11,14 @@ missing or damaged one is copied again, and every copy lands under a temporary n
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checkpoints, runs
+from . import checkpoints, runs, workdir, worker
 from .datasets import sha256_file
 from .errors import EdgetrainError
 from .inventory import Inventory
@@ -25,6 +31,7 @@ class Collected:
     copied: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -46,16 +53,39 @@ def _copy(src: Path, dest: Path, rel: str, result: Collected) -> None:
     result.copied.append(rel)
 
 
+def _verify_output(path: Path, digest: str) -> None:
+    if not path.is_file() or sha256_file(path) != digest:
+        raise EdgetrainError(f"output {path} does not match the sha256 rank 0 recorded",
+                             "collect again; if it persists, the file changed after the run or the disk is failing")
+
+
+def outputs_of(run: runs.Run) -> dict[str, str]:
+    """Rank 0's outputs, ``{path in the run directory: sha256}``."""
+    listed = run.path / worker.OUTPUTS
+    if listed.is_file():
+        try:
+            found = json.loads(listed.read_text())
+            return {**{f"work/{k}": v for k, v in found["work"].items()}, **{f"outputs/{k}": v for k, v in found["outputs"].items()}}
+        except (ValueError, KeyError, AttributeError):
+            raise EdgetrainError(f"{listed} is damaged", "collect again after a resume, or copy the run directory by hand") from None
+    shipped = run.path / workdir.MANIFEST
+    manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.path / "work", ())
+    work = workdir.changed(manifest, run.path / "work") if (run.path / "work").is_dir() else {}
+    out = workdir.changed(workdir.Manifest(run.path, ()), run.path / "outputs") if (run.path / "outputs").is_dir() else {}
+    return {**{f"work/{k}": v for k, v in work.items()}, **{f"outputs/{k}": v for k, v in out.items()}}
+
+
 def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
-    """Copy the checkpoints (verified before and after), metrics and logs of ``src`` into ``dest``."""
+    """Copy the checkpoints and outputs of ``src`` (verified before and after), metrics and logs into ``dest``."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "pass a writable --dest") from None
     result = Collected(dest)
     found = checkpoints.all_in(src.checkpoints)
-    if not found:
-        raise EdgetrainError(f"run {dest.name} has no checkpoint yet", "collect it after its first epoch ends")
+    outputs = outputs_of(src)
+    if not found and not outputs:
+        raise EdgetrainError(f"run {dest.name} has no checkpoint or output yet", "collect it once its first epoch ends")
     for ckpt in found:
         checkpoints.verify(ckpt)
         rel_dir = Path("checkpoints") / ckpt.path.name
@@ -64,9 +94,16 @@ def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
         # The copy is judged by the same manifest as the original.
         checkpoints.verify(ckpt, base=dest / rel_dir)
         result.checkpoints.append(ckpt.epoch)
-    for extra in [*extras, src.metrics_file, *src.logs()]:
+    for rel, digest in outputs.items():
+        _verify_output(src.path / rel, digest)
+        _copy(src.path / rel, dest / rel, rel, result)
+        _verify_output(dest / rel, digest)
+        result.outputs.append(rel)
+    tensorboard = src.path / "tensorboard"
+    for extra in [*extras, src.metrics_file, *src.logs(), *(p for p in tensorboard.rglob("*") if p.is_file())]:
         if extra.is_file():
-            _copy(extra, dest / extra.name, extra.name, result)
+            rel = extra.relative_to(src.path).as_posix() if extra.is_relative_to(src.path) else extra.name
+            _copy(extra, dest / rel, rel, result)
     return result
 
 
@@ -89,7 +126,8 @@ def collect_remote(run: runs.Run, inv: Inventory, dest_root: Path) -> Collected:
         raise EdgetrainError(f"cannot write {dest_root}: {exc.strerror or exc}", "pass a writable --dest") from None
     try:
         with Nodes() as nodes:
-            nodes.fetch(head, node_dir, ["checkpoints", "metrics.jsonl", "rank.*.log"], staging)
+            nodes.fetch(head, node_dir, ["checkpoints", "metrics.jsonl", "rank.*.log", worker.OUTPUTS, workdir.MANIFEST,
+                                         "work", "outputs", "tensorboard"], staging)
         fetched = {p.name for p in runs.Run(staging).logs()}
         # Ranks on other nodes: their logs were brought home when the run ended.
         others = [p for p in run.logs() if p.name not in fetched]

@@ -11,6 +11,7 @@ import enum
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,11 +62,7 @@ class Launch:
     @property
     def resume_command(self) -> str:
         """The command that continues this run: the user's own, with ``--resume RUN``."""
-        cmd = list(self.request.command)
-        if "--resume" not in cmd:
-            at = cmd.index("--") if "--" in cmd else len(cmd)
-            cmd[at:at] = ["--resume", self.run.id]
-        return shlex.join(cmd)
+        return _with_resume(self.request.command, self.run.id)
 
 
 class State(enum.Enum):
@@ -140,6 +137,20 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program) -> int 
     return epoch
 
 
+def _with_resume(command: list[str], run_id: str) -> str:
+    cmd = list(command)
+    if "--resume" not in cmd:
+        at = cmd.index("--") if "--" in cmd else len(cmd)
+        cmd[at:at] = ["--resume", run_id]
+    return shlex.join(cmd)
+
+
+def _command_of(run: runs.Run, job: str) -> str:
+    """The command that continues ``run``: the one that started it, with ``--resume``."""
+    attempts = run.info().get("attempts") or [{}]
+    return _with_resume(attempts[0].get("command") or ["edgetrain", "run", job], run.id)
+
+
 def prepare(req: RunRequest) -> Launch:
     """Every check that can fail before anything starts, then the run directory, the staged
     working directory, the containers (docker runtime) and the command."""
@@ -150,6 +161,7 @@ def prepare(req: RunRequest) -> Launch:
     plan = placement.plan(inv, req.np, req.group)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
     rt = _runtime(req, inv, plan)
+    created: runs.Run | None = None
     try:
         rt.check(program)
         tf_workers: list[str] = []
@@ -162,10 +174,10 @@ def prepare(req: RunRequest) -> Launch:
             run = runs.find(root, req.resume)
             ran = run.info().get("job")
             if ran != program.name:
-                raise EdgetrainError(f"run {run.id} ran {ran}, not {program.name}", f"resume it with the command that started it, plus --resume {run.id}")
+                raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {_command_of(run, ran)}")
             resumed_epoch = _resume_point(rt, run, program)
         else:
-            run = runs.create(root, program.name)
+            run = created = runs.create(root, program.name)
         rt.stage(run, manifest)
         (run.path / "machinefile").write_text(plan.machinefile())
         worker = [rt.python, "-m", "edgetrain.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
@@ -183,9 +195,12 @@ def prepare(req: RunRequest) -> Launch:
         launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, started)
         _record(launch, inv)
         return launch
-    except BaseException:
+    except BaseException as exc:
         rt.stop()
         rt.nodes.close()
+        # A run that never started leaves nothing behind, unless it got as far as its containers.
+        if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
+            shutil.rmtree(created.path, ignore_errors=True)
         raise
 
 
@@ -277,10 +292,10 @@ def _tail(run: runs.Run, rank: int, n: int = 15) -> list[str]:
     return log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
 
 
-def _attribute(launch: Launch, outcome: Outcome, output: list[str], watched: tuple[inventory.Host | None, str] | None) -> None:
+def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output: list[str],
+              watched: tuple[inventory.Host | None, str] | None) -> None:
     """Name the failure: the earliest failure record a rank wrote, else what the watcher saw,
     else the process Hydra reports as ended badly, else the node whose ssh Hydra lost."""
-    run = launch.run
     records = failures.read_all(run.path)
     if records:
         first = records[0]
@@ -291,7 +306,7 @@ def _attribute(launch: Launch, outcome: Outcome, output: list[str], watched: tup
     if watched is not None:
         host, why = watched
         outcome.failed_host, outcome.failed_error = (host.name if host else None), why
-        ranks = launch.placement.ranks_on(host) if host else []
+        ranks = plan.ranks_on(host) if host else []
         if ranks:
             outcome.failed_rank = ranks[0]
             outcome.log_tail = _tail(run, ranks[0])
@@ -310,12 +325,12 @@ def _attribute(launch: Launch, outcome: Outcome, output: list[str], watched: tup
             outcome.failed_rank, outcome.failed_host = candidates[0]
             outcome.log_tail = _tail(run, outcome.failed_rank)
             return
-        outcome.failed_host = getattr(runtimes.host_of(launch.placement, entry), "name", entry)
+        outcome.failed_host = getattr(runtimes.host_of(plan, entry), "name", entry)
         outcome.log_tail = output[-15:]
         return
     lost = mpi.lost_node(text)
     if lost is not None:
-        outcome.failed_host = getattr(runtimes.host_of(launch.placement, lost), "name", lost)
+        outcome.failed_host = getattr(runtimes.host_of(plan, lost), "name", lost)
         outcome.failed_error = "lost its connection to mpirun"
     outcome.log_tail = output[-15:]
 
@@ -404,5 +419,5 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                         returncode=proc.returncode, attempts=attempts)
     outcome = Outcome(run, code if state != State.FAILED or code != 0 else 1, state, last, cleanup_errors=cleanup)
     if state == State.FAILED:
-        _attribute(launch, outcome, output, watch.failure)
+        attribute(run, launch.placement, outcome, output, watch.failure)
     return outcome

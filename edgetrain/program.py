@@ -107,6 +107,12 @@ def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: P
     if given:
         raise UsageError(f"{given[0]} is an option of the built-in jobs, not of your script",
                          f"pass your script's own options after --: edgetrain run {target} -- {given[0]} ...")
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError as exc:
+        raise UsageError(f"{target} line {exc.lineno}: {exc.msg}", "fix the script; nothing was started") from None
+    except ValueError as exc:  # null bytes: not a Python source file
+        raise UsageError(f"{target} is not a Python script ({exc})") from None
     root = (workdir or path.parent).resolve()
     script = path.resolve()
     if not script.is_relative_to(root):

@@ -180,6 +180,7 @@ def ship(nodes: Nodes, host: Host, store: str, manifest: Manifest, timeout: floa
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
+            proc.stdin = None  # closed: communicate() must not flush it
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

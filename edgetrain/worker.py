@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     rank, size = rank_and_size()
     run_dir = args.run_dir
     failures.clear(run_dir, rank)
+    # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
     events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0)
     host = socket.gethostname()

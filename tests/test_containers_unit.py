@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from edgetrain import containers, datasets, doctor, launch, placement, runs
+from edgetrain import containers, datasets, failures, launch, placement, preflight, runs
 from edgetrain.errors import EdgetrainError
 from edgetrain.inventory import Host, Inventory
 from edgetrain.remote import Nodes
@@ -33,6 +33,7 @@ def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
     assert "--network" in cpu and cpu[cpu.index("--network") + 1] == "host"
     assert "/home/pi/edgetrain/runs/r1:/edgetrain/run" in cpu
     assert "/srv/edgetrain/datasets:/edgetrain/data:ro" in cpu
+    assert "/home/pi/edgetrain/runs/.store:/edgetrain/store:ro" in cpu
     assert f"{containers.LABEL}=r1" in cpu and "--gpus" not in cpu
     gpu = containers.docker_run_argv(host("gpu1", groups=("gpu",)), "edgetrain-r1", "r1", "/x", "edgetrain:0.1.0-cuda")
     assert gpu[gpu.index("--gpus") + 1] == "all"
@@ -66,10 +67,41 @@ def test_dataset_format_from_digests_hashed_on_a_node():
         datasets.choose_format("mnist", {"train-images-idx3-ubyte.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
 
 
+def _outcome(tmp_path) -> launch.Outcome:
+    return launch.Outcome(runs.Run(tmp_path), 1, launch.State.FAILED)
+
+
 def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path):
-    out = ["Connection to 198.18.0.13 closed by remote host.", "[mpiexec@node1] control_cb: assert (!closed) failed"]
-    rank, host, error, tail = launch._failure(runs.Run(tmp_path), out)
-    assert (rank, host, error) == (None, "198.18.0.13", "lost its connection to mpirun") and tail == out
+    hosts = (host("head", groups=("head", "rpi")), host("node3"))  # addresses differ by name length
+    plan = placement.plan(Inventory(Path("inv"), hosts), 2)
+    out = [f"Connection to {hosts[1].address} closed by remote host.", "[mpiexec@head] control_cb: assert (!closed) failed"]
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, out, None)
+    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (None, "node3", "lost its connection to mpirun")
+    assert outcome.log_tail == out
+
+
+def test_the_earliest_failure_record_is_named_not_hydras_view(tmp_path):
+    plan = placement.plan(Inventory(Path("inv"), (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))), 3)
+    failures.write(tmp_path, 2, "node3", "ValueError: second", None)
+    first = failures.write(tmp_path, 1, "node2", "ValueError: first", None)
+    record = failures.path(tmp_path, 1)
+    record.write_text(record.read_text().replace(str(first.time), str(first.time - 5)))
+    (tmp_path / "rank.1.log").write_text("rank 1/3 on node2 (pid 77)\nTraceback ...\nValueError: first\n")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, ["PID 99 RUNNING AT 198.18.0.5", "EXIT CODE: 9"], None)
+    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (1, "node2", "ValueError: first")
+    assert outcome.log_tail[-1] == "ValueError: first"
+
+
+def test_a_damaged_failure_record_is_skipped_and_hydras_report_names_the_rank(tmp_path):
+    plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
+    failures.path(tmp_path, 0).write_text("{not json")
+    (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 4242)\ntraining\n")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, ["BAD TERMINATION", "PID 4242 RUNNING AT 198.18.0.5", "EXIT CODE: 9"], None)
+    assert (outcome.failed_rank, outcome.failed_host) == (1, "node2")
+    assert outcome.failed_error == "process 4242 ended abnormally (exit code 9)"
 
 
 class ScriptedMpirun:
@@ -91,11 +123,11 @@ HYDRA_ERROR = "echo 'Launching'; echo 'main (ui/mpich/mpiexec.c:325): process ma
 
 def test_probe_tries_once_more_after_a_failure():
     running = ScriptedMpirun(HYDRA_ERROR, f"echo '{REPORT}'")
-    report = doctor.probe(None, running)
+    report = preflight.probe(None, running)
     assert [r["host"] for r in report.ranks] == ["n0", "n1", "n2", "n3"] and not running.scripts
 
 
 def test_probe_fails_on_a_second_failure_with_hydras_words():
     with pytest.raises(EdgetrainError) as err:
-        doctor.probe(None, ScriptedMpirun(HYDRA_ERROR, HYDRA_ERROR))
+        preflight.probe(None, ScriptedMpirun(HYDRA_ERROR, HYDRA_ERROR))
     assert "the MPI probe across 4 ranks failed" in str(err.value) and "process manager error" in str(err.value)

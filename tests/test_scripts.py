@@ -1,0 +1,149 @@
+"""The user's own scripts under `edgetrain run`, 2 real ranks on this machine: the examples as
+their upstream docs teach them, argument pass-through, outputs coming home, and scripts that fail."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from edgetrain import runs
+
+from .conftest import ROOT, edgetrain, snapshot
+from .test_cli_errors import assert_one_line_error
+
+pytestmark = pytest.mark.mpi
+
+SCRIPTS = ROOT / "tests" / "scripts"
+EXAMPLES = ROOT / "examples"
+
+
+def only_run(root: Path) -> runs.Run:
+    [run] = runs.all_runs(root)
+    return run
+
+
+def test_arguments_pass_through_intact_and_outputs_come_home(tmp_path):
+    root = tmp_path / "runs"
+    args = ["--name", "two words", 'a "quoted" one', "--k=v=w", "", "-x"]
+    r = edgetrain("run", str(SCRIPTS / "passthrough.py"), "--np", "2", "--runs-dir", str(root), "--", *args)
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    assert json.loads((run.path / "work" / "args.json").read_text()) == args
+    assert f"rank 0 of 2 in {run.path.resolve() / 'work'}" in r.stdout  # rank 0's own output reaches the console
+    assert "rank 1 of 2 in" in run.log(1).read_text() and f"{run.path.resolve()}/ranks/1/work" in run.log(1).read_text()
+    assert run.info()["kind"] == "script" and run.info()["program"]["args"] == args
+
+    show = edgetrain("runs", "show", run.id, "--runs-dir", str(root), env={"COLUMNS": "200"})
+    assert show.returncode == 0, show.stderr
+    for rel in ("work/args.json", "work/data.txt", "work/logs/run.txt", "outputs/model.txt"):
+        assert rel in show.stdout
+    assert "work/passthrough.py" not in show.stdout  # shipped unchanged: not an output
+
+    dest = tmp_path / "home"
+    got = edgetrain("collect", run.id, "--dest", str(dest), "--runs-dir", str(root))
+    assert got.returncode == 0, got.stderr
+    assert "4 outputs verified" in got.stdout.replace("\n", " ")
+    assert (dest / run.id / "work" / "data.txt").read_text() == "changed by rank 0\n"
+    assert (dest / run.id / "outputs" / "model.txt").read_text() == "weights\n"
+    again = edgetrain("collect", run.id, "--dest", str(dest), "--runs-dir", str(root))
+    assert again.returncode == 0 and " 0 files copied" in again.stdout.replace("\n", " ")
+
+
+def test_an_unchanged_folder_is_not_shipped_again(tmp_path):
+    work = tmp_path / "project"
+    shutil.copytree(SCRIPTS, work)
+    root = tmp_path / "runs"
+    first = edgetrain("run", str(work / "passthrough.py"), "--np", "2", "--runs-dir", str(root))
+    second = edgetrain("run", str(work / "passthrough.py"), "--np", "2", "--runs-dir", str(root))
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    n = len(list(work.iterdir()))
+    assert f"working directory {n} files, {n} shipped" in first.stdout
+    assert f"working directory {n} files, 0 shipped (0 KiB)" in second.stdout
+
+
+def test_horovod_keras_example_trains_and_rank0_checkpoint_is_an_output(tmp_path):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(EXAMPLES / "horovod_keras" / "train.py"), "--np", "2", "--runs-dir", str(root),
+                  "--", "--epochs", "2", "--steps-per-epoch", "10")
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    assert (run.path / "work" / "checkpoint-2.h5").is_file()
+    assert not list((run.path / "ranks" / "1" / "work").glob("checkpoint-*.h5"))  # rank 0 alone saves
+    assert "Epoch 2/2" in r.stdout  # Keras' own progress, from rank 0
+
+
+def test_horovod_gradient_tape_example_trains(tmp_path):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(EXAMPLES / "horovod_gradient_tape" / "train.py"), "--np", "2", "--runs-dir", str(root),
+                  "--", "--steps", "20")
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    assert list((run.path / "work" / "checkpoints").glob("ckpt-1.index"))
+
+
+def test_multiworker_example_runs_with_tf_config_written_per_worker(tmp_path):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(EXAMPLES / "multiworker" / "train.py"), "--np", "2", "--strategy", "tf-multiworker",
+                  "--runs-dir", str(root), "--", "--epochs", "1", "--steps-per-epoch", "10")
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    assert (run.path / "work" / "keras-model" / "saved_model.pb").is_file()
+    assert run.info()["placement"]["strategy"] == "tf-multiworker"
+    assert "horovod" not in run.log(1).read_text().lower()
+
+
+def test_a_script_that_raises_on_one_rank_is_named(tmp_path):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(SCRIPTS / "raises.py"), "--np", "2", "--runs-dir", str(root), timeout=120)
+    assert r.returncode == 1
+    run = only_run(root)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"edgetrain: error: run {run.id}: rank 1 on {socket.gethostname()} failed: ValueError: bad batch on rank 1")
+    assert f"--resume {run.id}" in last
+    assert "  | ValueError: bad batch on rank 1" in r.stderr  # the end of that rank's log
+    record = json.loads((run.path / "rank.1.failure.json").read_text())
+    assert record["rank"] == 1 and record["error"] == "ValueError: bad batch on rank 1" and "Traceback" in record["traceback"]
+    assert run.info()["status"] == "failed"
+
+
+def test_a_script_that_never_calls_hvd_init_is_refused_after_the_fact(tmp_path):
+    r = edgetrain("run", str(SCRIPTS / "no_init.py"), "--np", "2", "--runs-dir", str(tmp_path), timeout=120)
+    assert r.returncode == 1
+    assert "without calling hvd.init()" in r.stderr.splitlines()[-1] and "--strategy tf-multiworker" in r.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("case", ["syntax", "missing", "directory", "job-option", "too-large", "port-in-use"])
+def test_bad_script_input_is_one_line_and_starts_nothing(tmp_path, case):
+    root = tmp_path / "runs"
+    root.mkdir()
+    before = snapshot(root)
+    if case == "syntax":
+        r = edgetrain("run", str(SCRIPTS / "syntax_error.py"), "--runs-dir", str(root))
+        assert_one_line_error(r, "syntax_error.py line 1: invalid syntax", "nothing was started", code=2)
+    elif case == "missing":
+        assert_one_line_error(edgetrain("run", "./nope/train.py", "--runs-dir", str(root)), "script ./nope/train.py does not exist", code=2)
+    elif case == "directory":
+        assert_one_line_error(edgetrain("run", str(SCRIPTS), "--runs-dir", str(root)), "is not a file", code=2)
+    elif case == "job-option":
+        r = edgetrain("run", str(SCRIPTS / "passthrough.py"), "--epochs", "3", "--runs-dir", str(root))
+        assert_one_line_error(r, "--epochs is an option of the built-in jobs", "-- --epochs", code=2)
+    elif case == "too-large":
+        big = tmp_path / "project"
+        big.mkdir()
+        shutil.copy(SCRIPTS / "passthrough.py", big)
+        (big / "blob.bin").write_bytes(b"\0" * (2 * 1024**2))
+        r = edgetrain("run", str(big / "passthrough.py"), "--max-workdir-mb", "1", "--runs-dir", str(root))
+        assert_one_line_error(r, "holds more than 1 MiB to ship", ".edgetrainignore", code=2)
+    else:
+        with socket.socket() as busy:
+            busy.bind(("", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            r = edgetrain("run", str(EXAMPLES / "multiworker" / "train.py"), "--np", "2", "--strategy", "tf-multiworker",
+                          "--tf-port", str(port), "--runs-dir", str(root))
+        assert_one_line_error(r, f"port {port} is already in use on localhost", "--tf-port")
+    assert snapshot(root) == before and not list(root.iterdir())

@@ -1,0 +1,97 @@
+"""Shipping a script's folder: what is listed, the size limit, the content-addressed store, the working copy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgetrain import workdir
+from edgetrain.errors import EdgetrainError, UsageError
+from edgetrain.inventory import Host
+from edgetrain.remote import Nodes
+
+LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    root = tmp_path / "project"
+    for rel, text in {
+        "train.py": "print('hi')\n",
+        "lib/model.py": "X = 1\n",
+        "data/big.ckpt": "weights\n",
+        "data/keep.ckpt": "kept\n",
+        ".git/config": "[core]\n",
+        "lib/__pycache__/model.cpython-311.pyc": "bytecode",
+        "notes/todo.txt": "later\n",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "train.py").chmod(0o755)
+    return root
+
+
+def test_scan_honours_the_ignore_file_and_always_skips_vcs_and_caches(project):
+    (project / ".edgetrainignore").write_text("# not needed\n*.ckpt\n!keep.ckpt\nnotes/\n")
+    m = workdir.scan(project)
+    assert [e.path for e in m.entries] == [".edgetrainignore", "train.py", "data/keep.ckpt", "lib/model.py"]
+    assert m.ignore_file == ".edgetrainignore"
+    assert next(e for e in m.entries if e.path == "train.py").mode == 0o755
+
+
+def test_dockerignore_is_read_when_there_is_no_edgetrainignore(project):
+    (project / ".dockerignore").write_text("data\n")
+    assert "data/keep.ckpt" not in [e.path for e in workdir.scan(project).entries]
+
+
+def test_a_folder_over_the_limit_is_refused_before_anything_is_hashed(project):
+    (project / "dataset.bin").write_bytes(b"\0" * 4096)
+    with pytest.raises(UsageError) as err:
+        workdir.scan(project, max_bytes=2048)
+    assert "more than 0 MiB" in str(err.value) and ".edgetrainignore" in str(err.value) and "--max-workdir-mb" in str(err.value)
+
+
+def test_ship_sends_only_what_the_store_lacks_and_the_copy_is_exact(project, tmp_path):
+    store = tmp_path / "store"
+    m = workdir.scan(project)
+    with Nodes() as nodes:
+        first = workdir.ship(nodes, LOCAL, str(store), m)
+        again = workdir.ship(nodes, LOCAL, str(store), m)
+        (project / "lib/model.py").write_text("X = 2\n")
+        changed = workdir.ship(nodes, LOCAL, str(store), workdir.scan(project))
+    assert (first.files, first.bytes) == (len({e.sha256 for e in m.entries}), sum(e.size for e in m.entries))
+    assert (again.files, again.bytes) == (0, 0)
+    assert (changed.files, changed.bytes) == (1, len("X = 2\n"))
+    dest = tmp_path / "work"
+    workdir.materialize(workdir.scan(project), store, dest)
+    assert (dest / "lib/model.py").read_text() == "X = 2\n" and os.stat(dest / "train.py").st_mode & 0o777 == 0o755
+
+
+def test_a_file_damaged_on_the_way_never_enters_the_store(project, tmp_path):
+    store = tmp_path / "store"
+    m = workdir.scan(project)
+    (project / "train.py").write_text("print('changed after it was hashed')\n")  # what arrives no longer matches
+    with Nodes() as nodes, pytest.raises(EdgetrainError, match="shipping the working directory to localhost failed"):
+        workdir.ship(nodes, LOCAL, str(store), m)
+    assert sorted(p.name for p in store.iterdir()) == []
+
+
+def test_materialize_keeps_what_the_script_wrote_and_refuses_a_damaged_store(project, tmp_path):
+    store, dest = tmp_path / "store", tmp_path / "work"
+    m = workdir.scan(project)
+    with Nodes() as nodes:
+        workdir.ship(nodes, LOCAL, str(store), m)
+    workdir.materialize(m, store, dest)
+    (dest / "checkpoint-1.h5").write_text("model")
+    (dest / "train.py").write_text("edited on the node")
+    workdir.materialize(m, store, dest)  # a resumed run
+    assert (dest / "checkpoint-1.h5").read_text() == "model" and (dest / "train.py").read_text() == "print('hi')\n"
+    assert workdir.changed(m, dest) == {"checkpoint-1.h5": workdir._sha256(dest / "checkpoint-1.h5")}
+    blob = store / next(e.sha256 for e in m.entries if e.path == "lib/model.py")
+    blob.chmod(0o644)
+    blob.write_text("rot")
+    (dest / "lib/model.py").unlink()
+    with pytest.raises(EdgetrainError, match="file store is damaged"):
+        workdir.materialize(m, store, dest)
