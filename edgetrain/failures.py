@@ -22,6 +22,9 @@ class Failure:
     time: float
     fix: str | None = None
     traceback: str | None = None
+    # "exception", "exit", "no-init", or "ended-early": a rank whose script returned while the
+    # others were still in a collective. Its peers then fail too, but it is the cause.
+    kind: str = "exception"
 
 
 def path(run_dir: Path, rank: int) -> Path:
@@ -29,11 +32,14 @@ def path(run_dir: Path, rank: int) -> Path:
 
 
 def clear(run_dir: Path, rank: int) -> None:
+    """Forget how this rank ended in an earlier attempt of the run."""
     path(run_dir, rank).unlink(missing_ok=True)
+    ended_path(run_dir, rank).unlink(missing_ok=True)
 
 
-def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None) -> Failure:
-    f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None)
+def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None,
+          kind: str = "exception") -> Failure:
+    f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind)
     tmp = run_dir / f".rank.{rank}.failure.json.tmp"
     tmp.write_text(json.dumps(f.__dict__, indent=1))
     os.replace(tmp, path(run_dir, rank))
@@ -41,12 +47,26 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
     return f
 
 
+def ended_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank.{rank}.ended"
+
+
+def mark_ended(run_dir: Path, rank: int) -> None:
+    """The rank's program returned; it now waits for the others at the final barrier."""
+    ended_path(run_dir, rank).write_text(f"{time.time()}\n")
+
+
+def ended(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split(".")[1]) for p in run_dir.glob("rank.*.ended"))
+
+
 def read_all(run_dir: Path) -> list[Failure]:
-    """Every readable record, earliest first; a damaged one is skipped rather than blamed."""
+    """Every readable record, the cause first (a rank that ended early, else the earliest); a
+    damaged record is skipped rather than blamed."""
     found = []
     for p in run_dir.glob("rank.*.failure.json"):
         try:
             found.append(Failure(**json.loads(p.read_text())))
         except (OSError, ValueError, TypeError):
             continue
-    return sorted(found, key=lambda f: f.time)
+    return sorted(found, key=lambda f: (f.kind != "ended-early", f.time))

@@ -65,6 +65,10 @@ class Launch:
         return _with_resume(self.request.command, self.run.id)
 
 
+# Horovod's warning while some ranks wait in a collective that others have not reached.
+HOROVOD_STALL = "submitted to be reduced, gathered or broadcasted by subset of ranks"
+
+
 class State(enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
@@ -297,6 +301,16 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
     """Name the failure: the earliest failure record a rank wrote, else what the watcher saw,
     else the process Hydra reports as ended badly, else the node whose ssh Hydra lost."""
     records = failures.read_all(run.path)
+    done = failures.ended(run.path)
+    if records and records[0].kind != "ended-early" and done and len(done) < plan.np and "Horovod" in (records[0].traceback or records[0].error):
+        # A collective failed under the others after some ranks' scripts had returned; those may
+        # have been ended by Hydra before they could write their own record.
+        hosts = {rank: host for entries in _rank_pids(run).values() for rank, host in entries}
+        outcome.failed_rank, outcome.failed_host = done[0], hosts.get(done[0])
+        outcome.failed_error = ("its script ended while other ranks were still training - run the same collective steps "
+                                f"on every rank (rank {records[0].rank}: {records[0].error.splitlines()[0][:200]})")
+        outcome.log_tail = _tail(run, done[0])
+        return
     if records:
         first = records[0]
         outcome.failed_rank, outcome.failed_host = first.rank, first.host
@@ -305,6 +319,11 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
         return
     if watched is not None:
         host, why = watched
+        done = failures.ended(run.path)
+        if host is None and done and len(done) < plan.np:
+            waiting = sorted(set(range(plan.np)) - set(done))
+            why = (f"{why}; ranks {', '.join(map(str, done))} ended their script while ranks "
+                   f"{', '.join(map(str, waiting))} had not - a script must run the same collective steps on every rank")
         outcome.failed_host, outcome.failed_error = (host.name if host else None), why
         ranks = plan.ranks_on(host) if host else []
         if ranks:
@@ -361,7 +380,8 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            watch.last_output = time.monotonic()
+            if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
+                watch.last_output = time.monotonic()
             event = progress.parse(line)
             if event is None:
                 output.append(line.rstrip("\n"))

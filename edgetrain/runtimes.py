@@ -211,7 +211,7 @@ class DockerRuntime(Runtime):
             failed = self.containers.remove()
             dirs = self.node_run_dirs(run)
             for host in self.plan.hosts:
-                names = ["rank.*.log", "rank.*.failure.json"]
+                names = ["rank.*.log", "rank.*.failure.json", "rank.*.ended"]
                 if host is self.plan.head:
                     names += ["metrics.jsonl", "outputs.json"]
                 try:

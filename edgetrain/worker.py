@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
-            failures.write(run_dir, rank, host, f"the program exited with status {exc.code}", None)
+            failures.write(run_dir, rank, host, f"the program exited with status {exc.code}", None, kind="exit")
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
         traceback.print_exc()
         failures.write(run_dir, rank, host, f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if code == 0 and args.strategy == "horovod" and size > 1 and _horovod() is None:
         failures.write(run_dir, rank, host, "the script ended without calling hvd.init(), so every rank trained alone",
                        None, fix="call hvd.init() and wrap the optimizer in hvd.DistributedOptimizer (see examples/), "
-                                 "or pass --strategy tf-multiworker")
+                                 "or pass --strategy tf-multiworker", kind="no-init")
         code = 1
     if rank == 0:
         try:
@@ -202,12 +202,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"edgetrain: could not list rank 0's outputs: {exc}", flush=True)
     hvd = _horovod()
     if code == 0 and hvd is not None:
+        failures.mark_ended(run_dir, rank)
         try:
             # An allreduce is a barrier: once it completes every rank has run its program to the end.
             hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
             events.emit("finished")
         except BaseException as exc:  # noqa: BLE001
-            failures.write(run_dir, rank, host, f"the final barrier failed: {type(exc).__name__}: {exc}", None)
+            said = str(exc).split("}}")[-1].strip().splitlines()[0] if str(exc) else type(exc).__name__
+            failures.write(run_dir, rank, host, "its script ended while other ranks were still training",
+                           traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
+                           kind="ended-early")
             code = 1
     _end(code, scratch, pump)
 

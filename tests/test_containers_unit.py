@@ -131,3 +131,23 @@ def test_probe_fails_on_a_second_failure_with_hydras_words():
     with pytest.raises(EdgetrainError) as err:
         preflight.probe(None, ScriptedMpirun(HYDRA_ERROR, HYDRA_ERROR))
     assert "the MPI probe across 4 ranks failed" in str(err.value) and "process manager error" in str(err.value)
+
+
+def test_a_rank_that_ended_early_is_named_when_hydra_ended_it_before_it_could_say_so(tmp_path):
+    plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
+    failures.write(tmp_path, 0, "head", "FailedPreconditionError: Mismatched data types", "... HorovodAllreduce ...")
+    failures.mark_ended(tmp_path, 1)
+    (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 4242)\n")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
+    assert (outcome.failed_rank, outcome.failed_host) == (1, "node2")
+    assert outcome.failed_error.startswith("its script ended while other ranks were still training")
+
+
+def test_an_exception_after_other_ranks_finished_is_still_the_cause(tmp_path):
+    plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
+    failures.write(tmp_path, 0, "head", "OSError: disk full", "Traceback ... OSError: disk full")
+    failures.mark_ended(tmp_path, 1)
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
+    assert (outcome.failed_rank, outcome.failed_error) == (0, "OSError: disk full")

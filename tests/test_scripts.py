@@ -116,6 +116,14 @@ def test_a_script_that_never_calls_hvd_init_is_refused_after_the_fact(tmp_path):
     assert "without calling hvd.init()" in r.stderr.splitlines()[-1] and "--strategy tf-multiworker" in r.stderr.splitlines()[-1]
 
 
+def test_a_script_that_ends_early_on_one_rank_is_named(tmp_path):
+    r = edgetrain("run", str(SCRIPTS / "early_exit.py"), "--np", "2", "--hang-timeout", "60", "--runs-dir", str(tmp_path), timeout=180)
+    assert r.returncode == 1
+    last = r.stderr.splitlines()[-1]
+    assert "rank 1 on" in last and "its script ended while other ranks were still training" in last
+    assert "run the same collective steps on every rank" in last
+
+
 @pytest.mark.parametrize("case", ["syntax", "missing", "directory", "job-option", "too-large", "port-in-use"])
 def test_bad_script_input_is_one_line_and_starts_nothing(tmp_path, case):
     root = tmp_path / "runs"
