@@ -16,6 +16,7 @@ from rich.table import Column, Table
 from . import collect as collecting
 from . import datasets, launch, runs
 from . import program as programs
+from . import requirements as extra
 from . import workdir as workdir_mod
 from . import doctor as doctoring
 from . import images as imaging
@@ -52,6 +53,7 @@ def run(
     tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+    requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")] = None,
@@ -69,10 +71,10 @@ def run(
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
     options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs,
                          {k: v for k, v in (("depth", depth), ("width", width)) if v is not None})
-    program = programs.resolve(target, list(script_args or []), options, workdir, dataset)
+    program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2))
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2), log=console.print)
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
@@ -278,14 +280,20 @@ def images_build(
     apt_proxy: Annotated[Optional[str], typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
     arch_flags: Annotated[Optional[str], typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
     tag: Annotated[Optional[str], typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
+    requirements: Annotated[Optional[Path], typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
     cache_dir: CacheOpt = None,
 ) -> None:
     """Build an image offline from a wheelhouse; fails unless Horovod in it has TensorFlow and MPI."""
+    if requirements is not None:
+        extra.read(requirements)  # a bad file is refused before the long build
     result = imaging.build(
         imaging.target(arch), cache_dir or imaging.default_cache_dir(), base_image=base_image,
         apt_mirror=apt_mirror, apt_proxy=apt_proxy, arch_flags=arch_flags, tag=tag, log=console.print,
     )
     console.print(f"{result.tag}: {result.image_id}, {result.size_bytes / 1e9:.2f} GB, {result.seconds:.0f} s")
+    if requirements is not None:
+        built = extra.build_image(arch, result.tag, requirements, console.print)
+        console.print(f"{built}: with {requirements}, {imaging.local_image_id(built)}")
 
 
 @images_app.command("distribute")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, checkpoints, failures, inventory, mpi, placement, progress, runs, runtimes, workdir
+from . import __version__, checkpoints, failures, inventory, mpi, placement, progress, requirements, runs, runtimes, workdir
 from .errors import EdgetrainError, UsageError
 from .program import STRATEGIES, Program
 
@@ -43,6 +43,7 @@ class RunRequest:
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
     command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
+    log: Callable[[str], None] = print
 
 
 @dataclass
@@ -99,7 +100,7 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    rt = runtimes.RUNTIMES[name](plan, inv)
+    rt = runtimes.RUNTIMES[name](plan, inv, log=req.log)
     if isinstance(rt, runtimes.HostRuntime):
         rt.data_dir_option = req.data_dir
     return rt
@@ -227,6 +228,8 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     program = {"args": list(launch.program.args)}
     if launch.program.is_script:
         program.update(script=launch.program.script, workdir=str(launch.program.workdir))
+    if launch.program.requirements is not None:
+        program["requirements"] = requirements.read(launch.program.requirements)
     run.update_info(
         id=run.id,
         job=launch.program.name,

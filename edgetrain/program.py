@@ -42,6 +42,7 @@ class Program:
     workdir: Path | None = None
     datasets: tuple[str, ...] = ()  # required on every node
     epochs: int | None = None  # a built-in job's total, for resume checks
+    requirements: Path | None = None  # extra Python packages the script needs
 
     @property
     def is_script(self) -> bool:
@@ -90,11 +91,12 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
 
 
 def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: Path | None = None,
-            wanted: list[str] | None = None) -> Program:
+            wanted: list[str] | None = None, requirements: Path | None = None) -> Program:
     """``edgetrain run TARGET``: a built-in job's name, or the path of a Python script."""
     if target in jobs.JOBS:
-        if workdir is not None:
-            raise UsageError(f"--workdir is for scripts; the built-in job {target} ships nothing")
+        if workdir is not None or requirements is not None:
+            raise UsageError(f"--{'workdir' if workdir is not None else 'requirements'} is for scripts; "
+                             f"the built-in job {target} needs nothing beyond the image")
         return _builtin(jobs.JOBS[target], options, passthrough)
     path = Path(target)
     if not path.exists():
@@ -122,5 +124,8 @@ def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: P
             raise UsageError(f"unknown --dataset {name!r}", f"use one of: {', '.join(DATASETS)}")
     name = script.stem if script.stem not in ("train", "main") else f"{root.name}-{script.stem}"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "script"
+    if requirements is not None and not requirements.is_file():
+        raise UsageError(f"--requirements {requirements} is not a file")
+    beside = script.parent / "requirements.txt"
     return Program(name, tuple(passthrough), script=script.relative_to(root).as_posix(), workdir=root,
-                   datasets=tuple(wanted or ()))
+                   datasets=tuple(wanted or ()), requirements=requirements or (beside if beside.is_file() else None))

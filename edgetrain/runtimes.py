@@ -11,10 +11,12 @@ from __future__ import annotations
 import shlex
 import socket
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, datasets, images, mpi, preflight, runs, workdir
+from . import containers, datasets, images, mpi, preflight, requirements, runs, workdir
 from .errors import EdgetrainError
 from .inventory import Host, Inventory
 from .placement import Placement
@@ -39,13 +41,14 @@ class Runtime:
     """The part both runtimes share: the placement, the ssh session to the nodes, and what ranks see."""
 
     name = ""
+    python = sys.executable  # the ranks' Python
     plan: Placement
     inventory: Inventory
     nodes: Nodes = field(default_factory=Nodes)
-    python: str = sys.executable
     shipped: list[workdir.Shipped] = field(default_factory=list)
     versions: dict = field(default_factory=dict)
     probe_seconds: float | None = None
+    log: Callable[[str], None] = print
 
     # -- what the ranks see -------------------------------------------------------------------
     def run_dir(self, run: runs.Run) -> str:
@@ -122,6 +125,8 @@ class HostRuntime(Runtime):
             )
         self.mpirun_exe = mpi.mpirun_path()
         self.data = {d: datasets.locate(d, self.data_dir_option) for d in program.datasets}
+        if program.requirements is not None:
+            requirements.install_here(program.requirements, requirements.read(program.requirements), self.log)
         self.versions = {"python": sys.version.split()[0], "mpich": mpi.mpich_version(self.mpirun_exe)}
 
     data_dir_option: Path | None = None
@@ -170,6 +175,14 @@ class DockerRuntime(Runtime):
         self.reports = preflight.check_nodes(self.nodes, self.plan, program.datasets, self.inventory.source)
         preflight.require(self.reports)
         self.containers: containers.Containers | None = None
+        if program.requirements is not None:
+            lines = requirements.read(program.requirements)
+            with ThreadPoolExecutor(max_workers=min(16, len(self.plan.hosts))) as pool:
+                lacking = list(pool.map(lambda h: requirements.missing_in_image(self.nodes, h, images.image_for(h), lines), self.plan.hosts))
+            for h, missing in zip(self.plan.hosts, lacking):
+                if missing:
+                    raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
+                                         f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))
 
     def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
         return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}

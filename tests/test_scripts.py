@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from edgetrain import runs
+from edgetrain import requirements, runs
+from edgetrain.errors import UsageError
 
 from .conftest import ROOT, edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
@@ -155,3 +158,38 @@ def test_bad_script_input_is_one_line_and_starts_nothing(tmp_path, case):
                           "--tf-port", str(port), "--runs-dir", str(root))
         assert_one_line_error(r, f"port {port} is already in use on localhost", "--tf-port")
     assert snapshot(root) == before and not list(root.iterdir())
+
+
+@pytest.fixture
+def without_tabulate():
+    """The test's requirement is absent before and removed after: the environment is left as found."""
+    pip = [sys.executable, "-m", "pip", "uninstall", "-y", "-q", "tabulate"]
+    subprocess.run(pip, capture_output=True)
+    yield
+    subprocess.run(pip, capture_output=True)
+
+
+def test_requirements_beside_the_script_are_installed_on_the_host_runtime(tmp_path, without_tabulate):
+    r = edgetrain("run", str(SCRIPTS / "with_requirements" / "train.py"), "--runs-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "installing 1 requirement(s)" in r.stdout.replace("\n", " ") and "tabulate 0.9.0" in r.stdout
+    assert only_run(tmp_path).info()["program"]["requirements"] == ["tabulate==0.9.0"]
+
+
+def test_a_requirement_that_cannot_be_resolved_is_named(tmp_path):
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("# extra\nedgetrain-no-such-package-xyz==9.9\n")
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(SCRIPTS / "no_init.py"), "--requirements", str(reqs), "--runs-dir", str(root))
+    assert_one_line_error(r, "package edgetrain-no-such-package-xyz==9.9 from", "cannot be installed")
+    assert not root.exists() or not list(root.iterdir())
+
+
+def test_requirement_files_are_read_strictly(tmp_path):
+    f = tmp_path / "requirements.txt"
+    f.write_text("numpy<2  # pinned by TF\n\n-r other.txt\n")
+    with pytest.raises(UsageError, match="line 3: -r is not supported"):
+        requirements.read(f)
+    f.write_text("numpy<2  # pinned by TF\npackaging>=1\n")
+    assert requirements.read(f) == ["numpy<2", "packaging>=1"]
+    assert requirements.missing_here(["packaging>=1", "numpy>=99"]) == ["numpy>=99"]
