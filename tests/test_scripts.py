@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import requirements, runs
+from edgetrain import requirements, runs, workdir
 from edgetrain.errors import UsageError
 
 from .conftest import ROOT, edgetrain, snapshot
@@ -63,7 +63,7 @@ def test_an_unchanged_folder_is_not_shipped_again(tmp_path):
     first = edgetrain("run", str(work / "passthrough.py"), "--np", "2", "--runs-dir", str(root))
     second = edgetrain("run", str(work / "passthrough.py"), "--np", "2", "--runs-dir", str(root))
     assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
-    n = len(list(work.iterdir()))
+    n = len(workdir.scan(work).entries)
     assert f"working directory {n} files, {n} shipped" in first.stdout
     assert f"working directory {n} files, 0 shipped (0 KiB)" in second.stdout
 
