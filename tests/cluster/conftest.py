@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
 
-from edgetrain import datasets
+from edgetrain import containers, datasets
+from tests.conftest import edgetrain
 
 from .playbook import Playbook
 from .testbed import Testbed, run
@@ -123,3 +126,67 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "testbed figures")
         for key, value in FIGURES.items():
             terminalreporter.write_line(f"{key}: {value}")
+
+
+# --- the testbed as a container cluster: engines per node, the amd64 image on every node ---------
+
+NODE_HOME = "/root/edgetrain"  # private to each node
+
+
+@dataclass
+class Cluster:
+    bed: Testbed
+    inventory: str
+    env: dict[str, str]
+    runs: Path
+    moved: dict[str, float] = field(default_factory=dict)  # MB through each node's link in `trained`
+
+    def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """edgetrain containers on each node (there should never be any between commands)."""
+        found = {}
+        for n in self.bed.state.nodes:
+            names = self.docker(n.name, "ps", "--all", "--filter", f"label={containers.LABEL}", "--format", "{{.Names}}").stdout.split()
+            if names:
+                found[n.name] = names
+        return found
+
+    def node_ls(self, node: str, path: str) -> list[str]:
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return self.bed.ssh(n, f"ls -1 {path} 2>/dev/null; true").stdout.split()
+
+    def run_json(self, run_id: str) -> dict:
+        return json.loads((self.runs / run_id / "run.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
+    if not testbed.state.docker:
+        pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
+    inventory = testbed.write_inventory(
+        {
+            "edgetrain_runtime": "docker",
+            "edgetrain_runs_dir": "edgetrain/runs",
+            "datasets_dir": f"{NODE_HOME}/datasets",
+            # All nodes share one kernel: without this UCX would pass messages through shared memory.
+            "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
+        },
+        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
+        name="docker.yml",
+    )
+    playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
+    runs = tmp_path_factory.mktemp("cluster-runs")
+    # Wide enough that rich never wraps a table row the assertions read.
+    env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs), "COLUMNS": "250"}
+    shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
+    assert shipped.returncode == 0, shipped.stderr
+    return Cluster(testbed, inventory, env, runs)
+
+
+
+
+def run_id_of(stdout: str) -> str:
+    return next(line.split()[1].rstrip(":") for line in stdout.splitlines() if line.startswith("run "))

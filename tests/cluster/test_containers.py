@@ -14,76 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from edgetrain import containers
 from tests.conftest import ROOT, edgetrain
 
-from .testbed import Testbed
+from .conftest import NODE_HOME, run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
-
-NODE_HOME = "/root/edgetrain"  # private to each node
-
-
-@dataclass
-class Cluster:
-    bed: Testbed
-    inventory: str
-    env: dict[str, str]
-    runs: Path
-    moved: dict[str, float] = field(default_factory=dict)  # MB through each node's link in `trained`
-
-    def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        n = next(n for n in self.bed.state.nodes if n.name == node)
-        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check)
-
-    def leftovers(self) -> dict[str, list[str]]:
-        """edgetrain containers on each node (there should never be any between commands)."""
-        found = {}
-        for n in self.bed.state.nodes:
-            names = self.docker(n.name, "ps", "--all", "--filter", f"label={containers.LABEL}", "--format", "{{.Names}}").stdout.split()
-            if names:
-                found[n.name] = names
-        return found
-
-    def node_ls(self, node: str, path: str) -> list[str]:
-        n = next(n for n in self.bed.state.nodes if n.name == node)
-        return self.bed.ssh(n, f"ls -1 {path} 2>/dev/null; true").stdout.split()
-
-    def run_json(self, run_id: str) -> dict:
-        return json.loads((self.runs / run_id / "run.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
-    if not testbed.state.docker:
-        pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
-    inventory = testbed.write_inventory(
-        {
-            "edgetrain_runtime": "docker",
-            "edgetrain_runs_dir": "edgetrain/runs",
-            "datasets_dir": f"{NODE_HOME}/datasets",
-            # All nodes share one kernel: without this UCX would pass messages through shared memory.
-            "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
-        },
-        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
-        name="docker.yml",
-    )
-    playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
-    runs = tmp_path_factory.mktemp("runs")
-    # Wide enough that rich never wraps a table row the assertions read.
-    env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs), "COLUMNS": "250"}
-    shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
-    assert shipped.returncode == 0, shipped.stderr
-    return Cluster(testbed, inventory, env, runs)
-
-
-def _run_id(stdout: str) -> str:
-    return next(line.split()[1].rstrip(":") for line in stdout.splitlines() if line.startswith("run "))
 
 
 def test_doctor_checks_every_node_and_probes_mpi_in_containers(cluster):
@@ -107,7 +45,7 @@ def trained(cluster, report) -> str:
     seconds = time.monotonic() - start
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout + r.stderr
-    run_id = _run_id(r.stdout)
+    run_id = run_id_of(r.stdout)
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     info = cluster.run_json(run_id)
     report["container run, lenet np 4 on 3 nodes, 2 x 40 steps"] = (
@@ -170,7 +108,7 @@ def test_killed_worker_container_fails_the_run_then_resume_completes(cluster, re
         while not any(line.startswith("run ") for line in out):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()
             time.sleep(0.5)
-        run_id = _run_id("".join(out))
+        run_id = run_id_of("".join(out))
         ckpts = f"{NODE_HOME}/runs/{run_id}/checkpoints"
         while "epoch-0001" not in cluster.node_ls("node1", ckpts):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()

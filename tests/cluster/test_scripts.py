@@ -1,0 +1,141 @@
+"""The user's own scripts on the testbed's three nodes, in containers: a Horovod Keras script with
+a package baked into the image offline, its working directory shipped once, its rank-0 outputs
+collected; TensorFlow's MultiWorkerMirroredStrategy across the nodes; failures named by node."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, edgetrain
+
+from .conftest import NODE_HOME, run_id_of
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+EXTRA_TAG = "edgetrain:test-requirements"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A tutorial-style Horovod Keras script with a dependency of its own."""
+    root = tmp_path_factory.mktemp("project")
+    source = (ROOT / "examples" / "horovod_keras" / "train.py").read_text()
+    (root / "train.py").write_text("import tabulate  # this project's own dependency\n" + source)
+    (root / "requirements.txt").write_text("tabulate==0.9.0\n")
+    (root / ".edgetrainignore").write_text("*.h5\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def extra_inventory(cluster, testbed, report) -> str:
+    """The same nodes, running an image with the project's requirements baked in, built here offline."""
+    start = time.monotonic()
+    built = edgetrain("images", "build", "--arch", "amd64", "--tag", EXTRA_TAG, "--requirements",
+                      str(ROOT / "tests" / "scripts" / "with_requirements" / "requirements.txt"), env=cluster.env, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    inventory = testbed.write_inventory(
+        {"edgetrain_runtime": "docker", "edgetrain_runs_dir": "edgetrain/runs", "datasets_dir": f"{NODE_HOME}/datasets",
+         "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"}, "edgetrain_image": EXTRA_TAG},
+        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
+        name="docker-requirements.yml",
+    )
+    shipped = edgetrain("images", "distribute", "-i", inventory, env=cluster.env, timeout=1800)
+    assert shipped.returncode == 0, shipped.stderr
+    report["image with requirements (build + distribute)"] = f"{time.monotonic() - start:.0f} s"
+    return inventory
+
+
+def test_a_script_whose_requirement_the_image_lacks_is_refused_with_the_fix(cluster, project):
+    before = {p.name for p in cluster.runs.iterdir()}
+    r = edgetrain("run", str(project / "train.py"), "--np", "4", "-i", cluster.inventory, env=cluster.env)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert "preflight: node1: requirements: edgetrain:0.1.0-amd64 lacks tabulate==0.9.0" in last, last
+    assert "edgetrain images build --arch amd64 --requirements" in last and "edgetrain images distribute" in last
+    assert {p.name for p in cluster.runs.iterdir()} == before
+    assert cluster.leftovers() == {}
+
+
+def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(cluster, extra_inventory, project, report, tmp_path):
+    before = cluster.bed.link_bytes()
+    start = time.monotonic()
+    r = edgetrain("run", str(project / "train.py"), "--np", "4", "-i", extra_inventory,
+                  "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
+    seconds = time.monotonic() - start
+    after = cluster.bed.link_bytes()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = run_id_of(r.stdout)
+    info = cluster.run_json(run_id)
+    assert info["status"] == "completed" and info["kind"] == "script"
+    assert info["program"]["requirements"] == ["tabulate==0.9.0"]
+    shipped = {s["host"]: s for s in info["attempts"][-1]["shipped"]}
+    assert set(shipped) == {"node1", "node2", "node3"} and all(s["files"] == 3 for s in shipped.values())
+    # Rank 0 alone saved, into its working copy on node1.
+    assert "checkpoint-1.h5" in cluster.node_ls("node1", f"{NODE_HOME}/runs/{run_id}/work")
+    assert "checkpoint-1.h5" not in cluster.node_ls("node2", f"{NODE_HOME}/runs/{run_id}/ranks/2/work")
+    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+    assert moved["node2"] > 50 and moved["node3"] > 50, moved  # the gradients crossed the shaped links
+    report["user script (horovod_keras + tabulate) np 4, 1 x 20 steps"] = (
+        f"{seconds:.0f} s in all, first step after {info['attempts'][-1]['first_step_s']} s; shipped "
+        + ", ".join(f"{h} {s['files']} files {s['bytes']} B in {s['seconds']:.2f} s" for h, s in shipped.items())
+        + "; link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items()))
+
+    got = edgetrain("collect", run_id, "-i", extra_inventory, "--dest", str(tmp_path), env=cluster.env)
+    assert got.returncode == 0, got.stderr
+    assert "outputs verified" in got.stdout
+    assert (tmp_path / run_id / "work" / "checkpoint-1.h5").stat().st_size > 1_000_000
+    again = edgetrain("collect", run_id, "-i", extra_inventory, "--dest", str(tmp_path), env=cluster.env)
+    assert again.returncode == 0 and " 0 files copied" in again.stdout, again.stdout
+
+    second = edgetrain("run", str(project / "train.py"), "--np", "4", "-i", extra_inventory,
+                       "--", "--epochs", "1", "--steps-per-epoch", "5", env=cluster.env, timeout=1200)
+    assert second.returncode == 0, second.stderr[-3000:]
+    for node in ("node1", "node2", "node3"):
+        assert f"{node}: working directory 3 files, 0 shipped" in second.stdout, second.stdout
+    again_shipped = cluster.run_json(run_id_of(second.stdout))["attempts"][-1]["shipped"]
+    report["working directory, second run"] = ", ".join(f"{s['host']} {s['files']} files in {s['seconds']:.2f} s" for s in again_shipped)
+    assert cluster.leftovers() == {}
+
+
+def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
+    before = cluster.bed.link_bytes()
+    r = edgetrain("run", str(ROOT / "examples" / "multiworker" / "train.py"), "--np", "4", "--strategy", "tf-multiworker",
+                  "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
+    after = cluster.bed.link_bytes()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = run_id_of(r.stdout)
+    assert "keras-model" in cluster.node_ls("node1", f"{NODE_HOME}/runs/{run_id}/work")
+    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+    assert moved["node2"] > 50 and moved["node3"] > 50, moved
+    report["tf-multiworker example np 4, 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    assert cluster.leftovers() == {}
+
+
+def test_a_script_that_raises_on_a_worker_node_is_named_and_nothing_is_left(cluster):
+    r = edgetrain("run", str(ROOT / "tests" / "scripts" / "raises.py"), "--np", "4", "-i", cluster.inventory,
+                  "--", "--rank", "3", env=cluster.env, timeout=600)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert "rank 3 on node3 failed: ValueError: bad batch on rank 3" in last, r.stderr[-3000:]
+    assert (cluster.runs / run_id_of(r.stdout) / "rank.3.failure.json").is_file()  # came home from node3
+    assert cluster.leftovers() == {}
+
+
+def test_a_dataset_a_node_lacks_is_a_preflight_error_naming_it(cluster):
+    node3 = cluster.bed.state.nodes[2]
+    data = f"{NODE_HOME}/datasets/fashion-mnist"
+    cluster.bed.ssh(node3, f"mv {data} {data}.away")
+    try:
+        r = edgetrain("run", str(ROOT / "examples" / "multiworker" / "train.py"), "--np", "4", "--dataset", "fashion-mnist",
+                      "-i", cluster.inventory, env=cluster.env)
+    finally:
+        cluster.bed.ssh(node3, f"mv {data}.away {data}")
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("edgetrain: error: preflight: node3: dataset: dataset fashion-mnist not found in node3:"), last
+    assert "--tags datasets" in last
+    assert cluster.leftovers() == {}
+
