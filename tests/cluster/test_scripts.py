@@ -4,6 +4,7 @@ collected; TensorFlow's MultiWorkerMirroredStrategy across the nodes; failures n
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -139,3 +140,23 @@ def test_a_dataset_a_node_lacks_is_a_preflight_error_naming_it(cluster):
     assert "--tags datasets" in last
     assert cluster.leftovers() == {}
 
+
+
+def test_the_same_model_trains_with_horovod_and_with_multiworker(cluster, report):
+    """LeNet both ways across the nodes: both complete and move gradients over the links; their
+    images/s and link bytes are reported side by side (figures, not assertions: 2 cores serve all nodes)."""
+    script = str(ROOT / "examples" / "lenet_strategies" / "train.py")
+    figures = {}
+    for strategy in ("horovod", "tf-multiworker"):
+        before = cluster.bed.link_bytes()
+        r = edgetrain("run", script, "--np", "4", "--strategy", strategy, "-i", cluster.inventory,
+                      "--", "--epochs", "2", "--steps-per-epoch", "40", env=cluster.env, timeout=1200)
+        after = cluster.bed.link_bytes()
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        metrics = [json.loads(line) for line in (cluster.runs / run_id_of(r.stdout) / "metrics.jsonl").read_text().splitlines()]
+        assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["ranks"] == 4
+        moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+        assert moved["node3"] > 100, moved
+        figures[strategy] = f"{metrics[-1]['images_per_sec']:.0f} img/s (epoch 2), link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    report["same LeNet, np 4, 2 x 40 steps, horovod vs tf-multiworker"] = "; ".join(f"{k}: {v}" for k, v in figures.items())
+    assert cluster.leftovers() == {}
