@@ -390,7 +390,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                 output.append(line.rstrip("\n"))
                 on_output(output[-1])
                 continue
-            if event["event"] == "step" and first_step is None:
+            if event["event"] in ("step", "keras") and first_step is None:
                 first_step = time.monotonic() - launch.started
             elif event["event"] == "epoch":
                 last = event

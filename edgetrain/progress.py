@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TextIO
 
 EVENT_PREFIX = "@edgetrain "
+# Keras' progress bar between its steps ("12/30 [===>....] - ETA: 4s - loss: ..."), redrawn with
+# carriage returns; the line that ends an epoch has no ETA and is kept as output.
+KERAS_UPDATE = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - ETA: \S+( - (.*))?$")
 
 
 class Events:
@@ -21,7 +25,11 @@ class Events:
 
 
 def parse(line: str) -> dict | None:
-    """The event on a line of mpirun's output, or None for any other line."""
+    """The event on a line of mpirun's output, or None for any other line. A Keras progress-bar
+    update (rank 0's, from a script that does not use edgetrain.callbacks) is a ``keras`` event."""
+    m = KERAS_UPDATE.match(line.rstrip())
+    if m:
+        return {"event": "keras", "step": int(m.group(1)), "steps": int(m.group(2)), "text": m.group(4) or ""}
     if not line.startswith(EVENT_PREFIX):
         return None
     try:
@@ -38,10 +46,10 @@ class ConsoleProgress:
 
         self.console = console
         self.bar = Progress(
-            TextColumn("epoch {task.fields[epoch]}"),
+            TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}  {task.fields[ips]:,.0f} img/s"),
+            TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
             console=console,
             transient=True,
@@ -57,22 +65,33 @@ class ConsoleProgress:
     def __exit__(self, *exc) -> None:
         self.bar.__exit__(*exc)
 
+    def _show(self, label: str, step: int, steps: int, detail: str) -> None:
+        if label != self.label or self.task is None:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(label, total=steps, detail="")
+            self.label = label
+        self.bar.update(self.task, completed=step, total=steps, detail=detail)
+
     def event(self, e: dict) -> None:
         kind = e["event"]
         if kind == "start":
             self.epochs = e["epochs"]
             resumed = f", resuming after epoch {e['initial_epoch']}" if e["initial_epoch"] else ""
-            self.console.print(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}")
+            self.console.print(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}", highlight=False)
         elif kind == "step":
-            label = f"{e['epoch']}/{self.epochs}"
-            if label != self.label:
-                if self.task is not None:
-                    self.bar.remove_task(self.task)
-                self.task = self.bar.add_task("", total=e["steps"], epoch=label, loss=0.0, ips=0.0)
-                self.label = label
-            self.bar.update(self.task, completed=e["step"], loss=e["loss"], ips=e["images_per_sec"])
+            ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
+            self._show(f"epoch {e['epoch']}/{self.epochs}", e["step"], e["steps"], f"loss {e['loss']:.4f}{ips}")
+        elif kind == "keras":
+            # A new bar starts when the step count goes back (the next epoch).
+            if self.task is not None and e["step"] < self.bar.tasks[-1].completed:
+                self.bar.remove_task(self.task)  # the step count went back: the next epoch
+                self.task = None
+            self._show("rank 0", e["step"], e["steps"], e["text"][:80])
         elif kind == "epoch":
-            self.console.print(
-                f"epoch {e['epoch']}/{self.epochs}: loss {e['loss']:.4f}  accuracy {e['accuracy']:.4f}  "
-                f"val_accuracy {e['val_accuracy']:.4f}  {e['images_per_sec']:,.0f} img/s  ({e['elapsed']:.0f} s)"
-            )
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+                self.task = None
+            shown = [f"{k} {e[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in e]
+            ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
+            self.console.print(f"epoch {e['epoch']}/{self.epochs}: {'  '.join(shown)}{ips}  ({e['elapsed']:.0f} s)", highlight=False)
