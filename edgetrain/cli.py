@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 import shlex
 import signal
 import sys
@@ -319,6 +320,13 @@ def _interrupt(signum, frame) -> None:
 def main() -> None:
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how a command that seems stuck is diagnosed.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # A program killed while it held this terminal (an ssh) can leave it non-blocking, which breaks
+    # Ansible's inventory reader ("requires blocking IO"): edgetrain needs it blocking, and says so.
+    for fd in (0, 1, 2):
+        try:
+            os.set_blocking(fd, True)
+        except OSError:
+            pass
     # Typer's standalone mode handles its own usage errors (exit 2); ours become one line here.
     try:
         app()

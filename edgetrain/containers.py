@@ -42,31 +42,9 @@ SSH_CLIENT_CONFIG = f"""Host *
     ServerAliveInterval 5
     ServerAliveCountMax 3
 """
-# Where a node keeps its runs (relative: under the ssh user's home) and finds its datasets
-# (the datasets role's default, roles/datasets/defaults/main.yml).
-DEFAULT_RUNS_DIR = "edgetrain/runs"
-DEFAULT_DATASETS_DIR = "/srv/edgetrain/datasets"
-
-
-def runs_dir(host: Host) -> str:
-    return str(host.vars.get("edgetrain_runs_dir") or DEFAULT_RUNS_DIR)
-
-
-def datasets_dir(host: Host) -> str:
-    return str(host.vars.get("datasets_dir") or DEFAULT_DATASETS_DIR)
-
-
 def store_dir(node_run_dir: str) -> str:
     """The node's file store (see edgetrain.workdir), beside its run directories."""
     return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/.store"
-
-
-def mpi_env(host: Host) -> dict[str, str]:
-    """Extra environment for every rank (``edgetrain_mpi_env``), e.g. UCX transport choices."""
-    env = host.vars.get("edgetrain_mpi_env") or {}
-    if not isinstance(env, dict):
-        raise EdgetrainError(f"edgetrain_mpi_env of {host.name} must be a mapping of variable names to values")
-    return {str(k): str(v) for k, v in env.items()}
 
 
 def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str) -> list[str]:
@@ -74,7 +52,7 @@ def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image
         "docker", "run", "--detach", "--name", name, "--label", f"{LABEL}={run_id}",
         "--network", "host", "--shm-size", SHM_SIZE,
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
-        "--volume", f"{datasets_dir(host)}:{DATA_MOUNT}:ro",
+        "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
         "--volume", f"{store_dir(node_run_dir)}:{STORE_MOUNT}:ro",
     ]
     if host.is_gpu:
@@ -153,7 +131,7 @@ class Containers:
         if head.iface:
             argv += ["-iface", head.iface]
         argv += ["-bootstrap", "ssh"]
-        for k, v in mpi_env(head).items():
+        for k, v in head.mpi_env.items():
             argv += ["-genv", k, v]
         return self.nodes.argv(head, ["docker", "exec", self.name, *argv, *command])
 

@@ -18,6 +18,10 @@ from pathlib import Path
 from .errors import EdgetrainError
 
 ARCHES = ("aarch64", "x86_64")
+# Where a node keeps its runs (relative: under the ssh user's home) and finds its datasets
+# (the datasets role's default, roles/datasets/defaults/main.yml).
+DEFAULT_RUNS_DIR = "edgetrain/runs"
+DEFAULT_DATASETS_DIR = "/srv/edgetrain/datasets"
 RUNTIMES = ("host", "docker")
 DEVICE_GROUPS = ("rpi", "gpu")
 
@@ -42,6 +46,9 @@ class Host:
     port: int = 22
     iface: str | None = None
     image: str | None = None
+    runs_dir: str = DEFAULT_RUNS_DIR
+    datasets_dir: str = DEFAULT_DATASETS_DIR
+    mpi_env: dict = field(default_factory=dict, compare=False, hash=False)  # extra environment for every rank
     groups: frozenset[str] = field(default_factory=frozenset)
     vars: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -92,6 +99,7 @@ def _ansible_inventory_json(path: Path) -> dict:
         raise EdgetrainError("ansible-inventory is not on PATH", "install edgetrain with its dependencies (make setup)")
     proc = subprocess.run(
         [exe, "-i", str(path), "--list"],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true", "ANSIBLE_NOCOLOR": "1"},
@@ -145,6 +153,19 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
     runtime = str(hv.get("edgetrain_runtime", "docker"))
     if runtime not in RUNTIMES:
         raise fail(f"edgetrain_runtime is {runtime!r}; use one of {', '.join(RUNTIMES)}")
+    raw_port = hv.get("ansible_port", 22)
+    try:
+        port = int(raw_port)
+    except (TypeError, ValueError):
+        raise fail(f"ansible_port is {raw_port!r}, not a port number") from None
+    if not 0 < port < 65536:
+        raise fail(f"ansible_port {port} is not a port number (1-65535)")
+    datasets_dir = str(hv.get("datasets_dir") or DEFAULT_DATASETS_DIR)
+    if not datasets_dir.startswith("/"):
+        raise fail(f"datasets_dir {datasets_dir!r} is relative; the datasets role and the containers need an absolute path")
+    env = hv.get("edgetrain_mpi_env") or {}
+    if not isinstance(env, dict):
+        raise fail("edgetrain_mpi_env must be a mapping of variable names to values")
     return Host(
         name=name,
         address=str(hv.get("ansible_host", name)),
@@ -153,9 +174,12 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
         runtime=runtime,
         connection=connection,
         user=hv.get("ansible_user"),
-        port=int(hv.get("ansible_port", 22)),
+        port=port,
         iface=hv.get("edgetrain_iface"),
         image=hv.get("edgetrain_image"),
+        runs_dir=str(hv.get("edgetrain_runs_dir") or DEFAULT_RUNS_DIR),
+        datasets_dir=datasets_dir,
+        mpi_env={str(k): str(v) for k, v in env.items()},
         groups=frozenset(groups - {"all"}),
         vars=hv,
     )

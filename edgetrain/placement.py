@@ -82,4 +82,12 @@ def plan(inventory: Inventory, np: int, group: str | None = None) -> Placement:
         n = min(h.slots, left)
         ranks.append((h, n))
         left -= n
+    arches: dict[str, list[str]] = {}
+    for h, _ in ranks:
+        arches.setdefault(h.arch, []).append(h.name)
+    if len(arches) > 1:
+        # MPICH cannot run one job over aarch64 and x86_64 ranks: it hangs in MPI_Init (pmodels/mpich#6008).
+        found = "; ".join(f"{arch}: {', '.join(names)}" for arch, names in arches.items())
+        raise UsageError(f"--np {np} would place ranks on aarch64 and x86_64 hosts ({found}), which one MPI job cannot span",
+                         "pick hosts of one architecture with --group rpi or --group gpu, or lower --np")
     return Placement(np, tuple(ranks))

@@ -88,7 +88,7 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
 
     def data(dataset: str) -> Callable[[], str]:
         def check() -> str:
-            where = f"{containers.datasets_dir(host)}/{dataset}"
+            where = f"{host.datasets_dir}/{dataset}"
             script = f"cd {shlex.quote(where)} 2>/dev/null && sha256sum -- {' '.join(datasets.candidate_names(dataset))} 2>/dev/null; true"
             out = nodes.check(host, ["sh", "-c", script], "hashing the dataset")
             digests = {name: digest for digest, name in (line.split(None, 1) for line in out.splitlines() if line.strip())}
@@ -97,7 +97,7 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
         return check
 
     def disk() -> str:
-        d = containers.runs_dir(host)
+        d = host.runs_dir
         out = nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && pwd && df -Pk ."], f"creating {d}")
         lines = out.splitlines()
         rep.runs_dir, free = lines[0], int(lines[-1].split()[3]) * 1024

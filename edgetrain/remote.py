@@ -62,7 +62,10 @@ class Nodes:
             timeout: float | None = 120) -> subprocess.CompletedProcess:
         text = not isinstance(input, bytes)
         try:
-            return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=text, timeout=timeout)
+            # A command that reads nothing gets no terminal: ssh would set it non-blocking, and a
+            # killed ssh leaves it so, breaking every later program that reads it (ansible-inventory).
+            return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=text, timeout=timeout,
+                                  **({} if input is not None else {"stdin": subprocess.DEVNULL}))
         except subprocess.TimeoutExpired:
             raise EdgetrainError(f"{host.name} did not answer within {timeout:.0f} s: {shlex.join(command)}",
                                  "check that the node is up and reachable") from None
@@ -84,7 +87,8 @@ class Nodes:
         dest.mkdir(parents=True, exist_ok=True)
         # Names that match nothing are skipped (a run that died early has fewer files).
         script = f"cd {shlex.quote(directory)} && exec tar -cf - --ignore-failed-read -- {' '.join(names)} 2>/dev/null"
-        proc = subprocess.Popen(self.argv(host, ["sh", "-c", script]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(self.argv(host, ["sh", "-c", script]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -103,7 +107,7 @@ class Nodes:
     def close(self) -> None:
         for host in self._used.values():
             subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir.name}/%C", "-O", "exit")],
-                           capture_output=True, timeout=30)
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         self._used.clear()
         self._dir.cleanup()
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from edgetrain import containers, datasets, failures, launch, placement, preflight, runs
+from edgetrain import containers, datasets, failures, inventory, launch, placement, preflight, runs
 from edgetrain.errors import EdgetrainError
 from edgetrain.inventory import Host, Inventory
 from edgetrain.remote import Nodes
@@ -16,15 +16,14 @@ from edgetrain.remote import Nodes
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def host(name: str, groups=("rpi",), **hv) -> Host:
+def host(name: str, groups=("rpi",), mpi_env=None, **hv) -> Host:
     return Host(name=name, address=f"198.18.0.{len(name)}", arch="aarch64", slots=1, runtime="docker", user="pi",
-                iface="eth0", groups=frozenset(groups), vars=hv)
+                iface="eth0", groups=frozenset(groups), mpi_env=mpi_env or {}, vars=hv)
 
 
 def test_node_dataset_default_is_the_datasets_roles_default():
     defaults = yaml.safe_load((ROOT / "roles/datasets/defaults/main.yml").read_text())
-    assert containers.DEFAULT_DATASETS_DIR == defaults["datasets_dir"]
-    assert containers.datasets_dir(host("a", datasets_dir="/data")) == "/data"
+    assert inventory.DEFAULT_DATASETS_DIR == defaults["datasets_dir"]
 
 
 def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
@@ -40,7 +39,7 @@ def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
 
 
 def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_env():
-    hosts = (host("pi1", groups=("head", "rpi"), edgetrain_mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
+    hosts = (host("pi1", groups=("head", "rpi"), mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
     plan = placement.plan(Inventory(Path("inv"), hosts), 2)
     with Nodes() as nodes:
         argv = containers.Containers(nodes, plan, "r1", {}).mpirun(["python", "-m", "edgetrain.probe"])
@@ -50,11 +49,6 @@ def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_en
     assert "-genv UCX_TLS tcp,self" in remote
     assert remote.endswith("python -m edgetrain.probe")
     assert plan.ranks_on(hosts[1]) == [1] and plan.ranks_on(hosts[0]) == [0]
-
-
-def test_mpi_env_must_be_a_mapping():
-    with pytest.raises(EdgetrainError, match="edgetrain_mpi_env of pi1 must be a mapping"):
-        containers.mpi_env(host("pi1", edgetrain_mpi_env="UCX_TLS=tcp"))
 
 
 def test_dataset_format_from_digests_hashed_on_a_node():

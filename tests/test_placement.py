@@ -63,6 +63,9 @@ def test_ini_inventory_works_too(tmp_path):
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_slots: many}\n", "not a number"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_runtime: vm}\n", "edgetrain_runtime"),
         ("cluster:\n  hosts: {}\n", "no hosts"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, ansible_port: abc}\n", "ansible_port is 'abc', not a port number"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, datasets_dir: data}\n", "datasets_dir 'data' is relative"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_mpi_env: UCX_TLS=tcp}\n", "edgetrain_mpi_env must be a mapping"),
     ],
 )
 def test_bad_inventories(tmp_path, text, message):
@@ -106,3 +109,14 @@ def test_cpu_and_gpu_never_mix(tmp_path):
         placement.plan(inv, 2)
     assert [h.name for h in placement.plan(inv, 1, group="gpu").hosts] == ["g0"]
     assert all(not h.is_gpu for h in placement.plan(inv, 9, group="rpi").hosts)
+
+
+def test_ranks_never_span_aarch64_and_x86_64(tmp_path):
+    # An x86_64 CPU box listed among the Pis: fine until a job's ranks would reach it.
+    mixed = CLUSTER.replace("pi2: {ansible_host: 198.18.0.12, edgetrain_slots: 2}",
+                            "pi2: {ansible_host: 198.18.0.12, edgetrain_slots: 2}\n        nuc: {ansible_host: 198.18.0.20, edgetrain_arch: x86_64}")
+    inv = inventory.load(write(tmp_path, mixed))
+    assert [h.name for h in placement.plan(inv, 10).hosts] == ["pi0", "pi1", "pi2"]
+    with pytest.raises(UsageError) as err:
+        placement.plan(inv, 11)
+    assert "aarch64: pi0, pi1, pi2; x86_64: nuc" in str(err.value) and "--group" in str(err.value)
