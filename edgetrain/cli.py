@@ -191,7 +191,10 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
     r = runs.find(runs_dir, run_id)
     info = r.info()
     where = info.get("placement", {})
-    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {info.get('status')}  ({r.path})", highlight=False)
+    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {r.status()}  ({r.path})", highlight=False)
+    if r.status() == "abandoned":
+        console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
+                      f"{launch.command_of(r, str(info.get('job')))}", markup=False, highlight=False)
     program = info.get("program", {})
     if program:
         console.print(f"program: {program.get('script', info.get('job'))} {shlex.join(program.get('args', []))}", markup=False, highlight=False)

@@ -7,6 +7,7 @@ its end (completed, failed, interrupted), and the runtime removes what it starte
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import os
@@ -58,6 +59,7 @@ class Launch:
     argv: list[str]
     manifest: workdir.Manifest | None
     resumed_epoch: int | None
+    lock: runs.RunLock
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -150,7 +152,7 @@ def _with_resume(command: list[str], run_id: str) -> str:
     return shlex.join(cmd)
 
 
-def _command_of(run: runs.Run, job: str) -> str:
+def command_of(run: runs.Run, job: str) -> str:
     """The command that continues ``run``: the one that started it, with ``--resume``."""
     attempts = run.info().get("attempts") or [{}]
     return _with_resume(attempts[0].get("command") or ["edgetrain", "run", job], run.id)
@@ -167,6 +169,7 @@ def prepare(req: RunRequest) -> Launch:
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
     rt = _runtime(req, inv, plan)
     created: runs.Run | None = None
+    lock: runs.RunLock | None = None
     try:
         rt.check(program)
         tf_workers: list[str] = []
@@ -177,12 +180,14 @@ def prepare(req: RunRequest) -> Launch:
         resumed_epoch = None
         if req.resume:
             run = runs.find(root, req.resume)
+            lock = run.lock()
             ran = run.info().get("job")
             if ran != program.name:
-                raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {_command_of(run, ran)}")
+                raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
             resumed_epoch = _resume_point(rt, run, program)
         else:
             run = created = runs.create(root, program.name)
+            lock = run.lock()
         rt.stage(run, manifest)
         (run.path / "machinefile").write_text(plan.machinefile())
         worker = [rt.python, "-m", "edgetrain.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
@@ -197,12 +202,14 @@ def prepare(req: RunRequest) -> Launch:
         except EdgetrainError as exc:
             run.update_info(status=State.FAILED.value, error=str(exc))
             raise
-        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, started)
+        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
         rt.stop()
         rt.nodes.close()
+        if lock is not None:
+            lock.release()
         # A run that never started leaves nothing behind, unless it got as far as its containers.
         if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
             shutil.rmtree(created.path, ignore_errors=True)
@@ -357,6 +364,14 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
     outcome.log_tail = output[-15:]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: end (SIGTERM) when this edgetrain dies, however it dies. Hydra
+    then ends the ranks on the host runtime; on the docker runtime the ssh to the head goes, and
+    the containers' leases end the rest."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
     """Run mpirun, hand its events and other output to the callbacks, and record the end.
 
@@ -368,7 +383,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", env=env, start_new_session=True)
+                            text=True, errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent)
     if isinstance(rt, runtimes.HostRuntime):
         rt.stop = lambda: os.killpg(proc.pid, signal.SIGTERM) if proc.poll() is None else None  # type: ignore[method-assign]
     watch = _Watch(launch, launch.request.hang_timeout)
@@ -440,6 +455,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
             attempts[-1]["first_step_s"] = round(first_step, 1) if first_step is not None else None
         run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         returncode=proc.returncode, attempts=attempts)
+        launch.lock.release()
     outcome = Outcome(run, code if state != State.FAILED or code != 0 else 1, state, last, cleanup_errors=cleanup)
     if state == State.FAILED:
         attribute(run, launch.placement, outcome, output, watch.failure)

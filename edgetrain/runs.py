@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +61,59 @@ class Run:
             return []
         return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
 
+    @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
+
+    def lock(self) -> RunLock:
+        """Hold the run for this process's life (or until released): a second run or resume of it
+        is refused, and a run whose holder died is known to be over."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another edgetrain"
+            os.close(fd)
+            raise EdgetrainError(f"run {self.id} is in use by {holder}",
+                                 "wait for that command to end (a run or resume of the same run cannot go twice)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        return RunLock(fd)
+
+    def live(self) -> bool:
+        """Whether a command holds the run now."""
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def status(self) -> str:
+        """The recorded status, except that a run nobody holds is not still going: "abandoned" (its
+        edgetrain was killed or lost power before it could record an outcome)."""
+        status = self.info().get("status", "?")
+        if status in ("starting", "running") and not self.live():
+            return "abandoned"
+        return status
+
     def logs(self) -> list[Path]:
         return sorted(self.path.glob("rank.*.log"), key=lambda p: int(p.name.split(".")[1]))
+
+
+class RunLock:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
 
 
 def ensure_writable(root: Path) -> Path:
@@ -133,7 +186,7 @@ def summarize(run: Run) -> Summary:
     return Summary(
         id=run.id,
         job=info.get("job", "?"),
-        status=info.get("status", "?"),
+        status=run.status(),
         epochs=len({m["epoch"] for m in metrics}),
         val_accuracy=last.get("val_accuracy"),
         images_per_sec=last.get("images_per_sec"),

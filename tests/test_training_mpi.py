@@ -221,3 +221,35 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(alive(p) for p in pids)
+
+
+def test_a_live_run_cannot_be_resumed_twice_and_a_killed_controller_takes_its_ranks_along(tmp_path):
+    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "500", "--max-steps", "5",
+           "--runs-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        pids = [rank_pid(tmp_path, 0), rank_pid(tmp_path, 1)]
+        [run] = runs.all_runs(tmp_path)
+        deadline = time.time() + 120
+        while checkpoints.latest(run.checkpoints) is None and time.time() < deadline:
+            time.sleep(0.5)
+        second = edgetrain("run", "lenet", "--np", "2", "--epochs", "600", "--resume", run.id, "--runs-dir", str(tmp_path))
+        line = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 1 and line.startswith(f"edgetrain: error: run {run.id} is in use by pid {proc.pid} on "), second.stderr
+        assert proc.poll() is None and all(alive(p) for p in pids)  # the first run goes on untouched
+        assert runs.summarize(run).status == "running"
+    finally:
+        proc.kill()  # SIGKILL: no handler of ours runs
+        proc.wait()
+    deadline = time.time() + 15
+    while any(alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids), "ranks outlived their controller"
+    assert runs.summarize(run).status == "abandoned"
+    shown = edgetrain("runs", "show", run.id, "--runs-dir", str(tmp_path), env={"COLUMNS": "300"})
+    assert f"--resume {run.id}" in shown.stdout
+    done = checkpoints.latest(run.checkpoints).epoch
+    resumed = edgetrain("run", "lenet", "--np", "2", "--epochs", str(done + 1), "--max-steps", "5", "--resume", run.id,
+                        "--runs-dir", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert run.info()["status"] == "completed" and checkpoints.latest(run.checkpoints).epoch == done + 1
