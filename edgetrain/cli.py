@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from . import collect as collecting
+from . import containers
 from . import datasets, launch, runs
 from . import program as programs
 from . import requirements as extra
@@ -25,6 +26,7 @@ from . import inventory as inventories
 from .errors import EdgetrainError, Interrupted
 from .program import JobOptions
 from .progress import ConsoleProgress
+from .remote import Nodes
 
 app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
 runs_app = typer.Typer(no_args_is_help=True, help="Inspect run directories.")
@@ -171,6 +173,26 @@ def doctor(
     failed = [f"{n.host.name} ({n.failure.name})" for n in report.nodes if n.failure]
     if failed:
         raise EdgetrainError(f"preflight failed on {', '.join(failed)}")
+
+
+@app.command()
+def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The cluster whose nodes to clean.")],
+          runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """Remove edgetrain containers left on the nodes (a controller that died, a node that came back); a live run's are kept."""
+    def live(run_id: str) -> bool:
+        try:
+            return runs.find(runs_dir, run_id).live()
+        except EdgetrainError:
+            return False  # a run this machine does not know, or a doctor probe's
+
+    inv = inventories.load(inventory)
+    with Nodes() as nodes:
+        found = containers.clean(nodes, [h for h in inv.hosts if h.runtime == "docker"], live)
+    for c in found:
+        console.print(f"{c.host}: {c.container} ({c.detail})", markup=False, highlight=False)
+    console.print(f"{sum(c.removed for c in found)} container(s) removed, {sum(not c.removed for c in found)} kept")
+    if any(not c.removed and c.detail != "its run is going" for c in found):
+        raise EdgetrainError("some containers could not be removed (see above)")
 
 
 @runs_app.command("list")

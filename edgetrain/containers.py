@@ -2,16 +2,22 @@
 
 Each container runs the node's image with the host network (MPI sees the node's own address
 and interface), the node's run directory and dataset directory mounted, and sshd on port 12345
-for Hydra. A key pair made for the run alone lets the rank-0 container reach the others; the
-private key never leaves the rank-0 container and dies with it.
+of the cluster interface for Hydra. A key pair made for the run alone lets the rank-0 container
+reach the others; the private key never leaves the rank-0 container and dies with it. Everything
+a run starts on a node is owned by it: the container removes itself when stopped, and stops
+itself when the controller stops renewing its lease (killed, powered off, cut off).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
+import shlex
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +27,7 @@ from .errors import EdgetrainError
 from .inventory import Host
 from .placement import Placement
 from .remote import Nodes, tar_bytes
+from .worker import RUN_AS
 
 SSH_PORT = 12345
 PYTHON = "/opt/edgetrain/bin/python"  # the image's virtualenv
@@ -42,22 +49,66 @@ SSH_CLIENT_CONFIG = f"""Host *
     ServerAliveInterval 5
     ServerAliveCountMax 3
 """
+# Docker's default capabilities, less what neither sshd nor the ranks use (raw sockets, device
+# nodes, file capabilities, binding low ports, ...).
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+# sshd in the container: Hydra's commands only; nothing forwarded, tunnelled or displayed.
+SSHD_OPTIONS = ("AllowTcpForwarding=no", "AllowStreamLocalForwarding=no", "AllowAgentForwarding=no",
+                "X11Forwarding=no", "PermitTunnel=no", "GatewayPorts=no")
+# How long a container outlives its controller's last lease renewal, and how often it is renewed.
+LEASE_SECONDS = 90
+LEASE_RENEW = 10
+LEASE_FILE = ".lease"
+# The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
+# (Hydra connects once, when mpirun starts; the connections then stay up for the whole run).
+KEY_LIFETIME = 24 * 3600
+
+
 def store_dir(node_run_dir: str) -> str:
     """The node's file store (see edgetrain.workdir), beside its run directories."""
     return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/.store"
 
 
-def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str) -> list[str]:
+def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str, listen: str | None) -> list[str]:
+    """The container of one node: removed by Docker once it stops (by the controller, or by its
+    own lease), never pulled, with fewer capabilities, and sshd on the cluster address only."""
     argv = [
-        "docker", "run", "--detach", "--name", name, "--label", f"{LABEL}={run_id}",
-        "--network", "host", "--shm-size", SHM_SIZE,
+        "docker", "run", "--detach", "--rm", "--pull", "never", "--name", name, "--label", f"{LABEL}={run_id}",
+        "--network", "host", "--shm-size", SHM_SIZE, "--cap-drop", "ALL",
+        *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
         "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
         "--volume", f"{store_dir(node_run_dir)}:{STORE_MOUNT}:ro",
     ]
     if host.is_gpu:
         argv += ["--gpus", "all"]
-    return [*argv, image]
+    sshd = [f"-o{o}" for o in SSHD_OPTIONS] + ([f"-oListenAddress={listen}"] if listen else [])
+    return [*argv, image, "edgetrain-sshd", *sshd]
+
+
+def _ip(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
+
+
+def authorized_key(public: str, sources: list[str], now: float) -> str:
+    expiry = time.strftime("%Y%m%d%H%MZ", time.gmtime(now + KEY_LIFETIME))
+    return f'restrict,from="{",".join(sources)}",expiry-time="{expiry}" {public.strip()}\n'
+
+
+def listen_address(nodes: Nodes, host: Host) -> str | None:
+    """The node's IPv4 address on its cluster interface (edgetrain_iface), else its inventory
+    address when that is one; None leaves sshd on every address."""
+    if host.iface:
+        out = nodes.check(host, ["ip", "-4", "-o", "addr", "show", "dev", host.iface], f"reading the address of {host.iface}",
+                          f"set edgetrain_iface of {host.name} to its cluster interface")
+        for word in out.split():
+            if "/" in word and word.split("/")[0].count(".") == 3:
+                return word.split("/")[0]
+        raise EdgetrainError(f"{host.iface} on {host.name} has no IPv4 address", f"set edgetrain_iface of {host.name} to its cluster interface")
+    return _ip(host.address)
 
 
 @dataclass(frozen=True)
@@ -74,6 +125,20 @@ class Containers:
         self.nodes, self.plan, self.run_id = nodes, plan, run_id
         self.node_run_dirs = node_run_dirs
         self.name = f"edgetrain-{run_id}"
+        self.listen: dict[str, str | None] = {}
+        self._renewing = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _lease(self, host: Host) -> str:
+        return f"{self.node_run_dirs[host.name]}/{LEASE_FILE}"
+
+    def _renew(self) -> None:
+        while not self._renewing.wait(LEASE_RENEW):
+            for host in self.plan.hosts:
+                try:
+                    self.nodes.run(host, ["touch", self._lease(host)], timeout=LEASE_RENEW * 2)
+                except EdgetrainError:
+                    pass  # a node out of reach: its container ends itself when the lease runs out
 
     def _each(self, fn, hosts=None) -> list:
         hosts = list(self.plan.hosts if hosts is None else hosts)
@@ -82,6 +147,8 @@ class Containers:
 
     def start(self) -> None:
         """Start every container and connect them; on any failure, remove what started and raise."""
+        self._renewer = threading.Thread(target=self._renew, daemon=True, name="lease")
+        self._renewer.start()
         try:
             errors = [e for e in self._each(self._start_one) if e]
             if errors:
@@ -94,9 +161,15 @@ class Containers:
     def _start_one(self, host: Host) -> EdgetrainError | None:
         d = self.node_run_dirs[host.name]
         try:
-            self.nodes.check(host, ["mkdir", "-p", d, store_dir(d)], f"creating {d}")
-            self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host)),
-                                   "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
+            self.listen[host.name] = listen_address(self.nodes, host)
+            ids = self.nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} {shlex.quote(store_dir(d))} && "
+                                          f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
+            self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
+                             "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
+            self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.lease",
+                                    f"{RUN_MOUNT}/{LEASE_FILE}", str(LEASE_SECONDS)], "starting the container's lease")
+            self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"cat > {RUN_AS}"],
+                             "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
         except EdgetrainError as exc:
             return exc
         return None
@@ -112,8 +185,11 @@ class Containers:
             "while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
             "cat /etc/ssh/ssh_host_ed25519_key.pub"
         )
+        head = self.plan.head
+        sources = [a for a in {self.listen.get(head.name), _ip(head.address), "127.0.0.1"} if a]
+        entry = authorized_key(public, sorted(sources), time.time())
         host_keys = self._each(lambda h: self.nodes.check(
-            h, ["docker", "exec", "-i", self.name, "sh", "-c", script], "installing the run's ssh key", input=public))
+            h, ["docker", "exec", "-i", self.name, "sh", "-c", script], "installing the run's ssh key", input=entry))
         known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),
@@ -149,7 +225,9 @@ class Containers:
         return self._each(one)
 
     def remove(self) -> list[str]:
-        """Remove the run's container on every node it may be on; the nodes where that failed."""
+        """Remove the run's container on every node it may be on; the nodes where that failed
+        (their containers end by themselves once the lease, no longer renewed, runs out)."""
+        self._renewing.set()
         def one(host: Host) -> str | None:
             try:
                 proc = self.nodes.run(host, ["docker", "rm", "--force", self.name], timeout=60)
@@ -166,8 +244,34 @@ class Containers:
         return failed
 
 
-def leftovers(nodes: Nodes, host: Host) -> list[str]:
-    """edgetrain containers on a node that belong to no running edgetrain (a killed controller)."""
-    out = nodes.check(host, ["docker", "ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}"], "listing containers")
-    return out.split()
+def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:
+    """edgetrain containers on a node: name -> the run (or probe) they belong to."""
+    out = nodes.check(host, ["docker", "ps", "--all", "--filter", f"label={LABEL}", "--format", f'{{{{.Names}}}} {{{{.Label "{LABEL}"}}}}'],
+                      "listing containers")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
 
+
+@dataclass(frozen=True)
+class Cleaned:
+    host: str
+    container: str
+    run: str
+    removed: bool
+    detail: str
+
+
+def clean(nodes: Nodes, hosts: list[Host], live: Callable[[str], bool]) -> list[Cleaned]:
+    """Remove every edgetrain container whose run no live edgetrain holds (``live(run_id)``)."""
+    def one(host: Host) -> list[Cleaned]:
+        found = []
+        for name, run_id in leftovers(nodes, host).items():
+            if live(run_id):
+                found.append(Cleaned(host.name, name, run_id, False, "its run is going"))
+                continue
+            proc = nodes.run(host, ["docker", "rm", "--force", name], timeout=60)
+            ok = proc.returncode == 0 or "No such container" in proc.stderr
+            found.append(Cleaned(host.name, name, run_id, ok, "removed" if ok else (proc.stderr.strip().splitlines() or ["?"])[-1]))
+        return found
+
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+        return [c for cs in pool.map(one, hosts) for c in cs]

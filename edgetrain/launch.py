@@ -180,11 +180,11 @@ def prepare(req: RunRequest) -> Launch:
         resumed_epoch = None
         if req.resume:
             run = runs.find(root, req.resume)
-            lock = run.lock()
             ran = run.info().get("job")
             if ran != program.name:
                 raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
             resumed_epoch = _resume_point(rt, run, program)
+            lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
         else:
             run = created = runs.create(root, program.name)
             lock = run.lock()

@@ -68,8 +68,8 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
                               "start Docker on the node, and let the ssh user use it (ansible-playbook ... --tags docker)")
         left = containers.leftovers(nodes, host)
         if left:
-            raise EdgetrainError(f"container {left[0]} of another run is still on {host.name}",
-                                 f"if no run is going, remove it: docker rm -f {' '.join(left)}")
+            raise EdgetrainError(f"container {next(iter(left))} of another run is still on {host.name}",
+                                 "if no run is going: edgetrain clean -i INVENTORY")
         return f"Docker {version.strip()}"
 
     def image() -> str:

@@ -7,11 +7,13 @@ those connections when it ends.
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import shlex
 import subprocess
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,12 +21,16 @@ from .errors import EdgetrainError
 from .inventory import Host
 
 UNREACHABLE = 255  # ssh's own exit status: the command never ran
+PROTECTED = frozenset({"run.json"})  # the controller's own record: no node may overwrite it
 
 
 def ssh_command(host: Host, *options: str) -> list[str]:
     """ssh to a node with the inventory's address, port, user, key and extra arguments."""
     hv = host.vars
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-p", str(host.port), *options]
+    # Keepalives: a link that goes dark (packets dropped, no reset) ends the connection in ~15 s
+    # instead of TCP's minutes, so no call to a node can hang the controller.
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5",
+           "-o", "ServerAliveCountMax=3", "-p", str(host.port), *options]
     if hv.get("ansible_ssh_private_key_file"):
         cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
@@ -82,27 +88,55 @@ class Nodes:
                                  fix or "check its address, user and key in the inventory")
         raise EdgetrainError(f"{what} on {host.name} failed: {last}", fix)
 
-    def fetch(self, host: Host, directory: str, names: Iterable[str], dest: Path) -> None:
-        """Copy files (globs allowed) from a directory on a node into ``dest``, through tar."""
+    def fetch(self, host: Host, directory: str, names: Iterable[str], dest: Path, timeout: float = 300) -> list[str]:
+        """Copy files (globs allowed) from a directory on a node into ``dest``, through tar.
+
+        Only what was asked for is accepted - regular files and directories whose top-level name
+        matches one of ``names``; never a link, a device, or a file the controller keeps itself
+        (``run.json``): a node cannot write anything else here. Returns what was refused."""
+        names = list(names)
         dest.mkdir(parents=True, exist_ok=True)
+        refused: list[str] = []
+
+        def accepted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+            top = member.name.split("/", 1)[0]
+            if not any(fnmatch.fnmatchcase(top, n) for n in names) or top in PROTECTED:
+                refused.append(f"{member.name} (not asked for)")
+                return None
+            if not (member.isfile() or member.isdir()):
+                refused.append(f"{member.name} (a link or special file)")
+                return None
+            return tarfile.data_filter(member, path)
+
         # Names that match nothing are skipped (a run that died early has fewer files).
         script = f"cd {shlex.quote(directory)} && exec tar -cf - --ignore-failed-read -- {' '.join(names)} 2>/dev/null"
         proc = subprocess.Popen(self.argv(host, ["sh", "-c", script]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None
+        # A node that stops answering mid-copy must not hold the controller: the copy is abandoned.
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                tar.extractall(dest, filter="data")
+                tar.extractall(dest, filter=accepted)
         except tarfile.ReadError:
             pass  # no archive at all: judged by ssh's status below
+        except OSError as exc:
+            proc.kill()
+            raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
         finally:
+            timer.cancel()
             proc.stdout.close()
             err = proc.stderr.read().decode(errors="replace").strip()
             code = proc.wait()
+        if code == -9:
+            raise EdgetrainError(f"copying {directory} from {host.name} did not finish within {timeout:.0f} s",
+                                 "check that the node is up and reachable")
         if code == UNREACHABLE:
             raise EdgetrainError(f"copying {directory} from {host.name} failed: {err}", "check that the node is up and reachable")
         if code != 0 and "cd:" in err:
             raise EdgetrainError(f"{directory} does not exist on {host.name}")
+        return refused
 
     def close(self) -> None:
         for host in self._used.values():

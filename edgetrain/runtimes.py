@@ -228,7 +228,8 @@ class DockerRuntime(Runtime):
                 if host is self.plan.head:
                     names += ["metrics.jsonl", "outputs.json"]
                 try:
-                    self.nodes.fetch(host, dirs[host.name], names, run.path)
+                    refused = self.nodes.fetch(host, dirs[host.name], names, run.path, timeout=120)
+                    failed += [f"{host.name}: not copied: {r}" for r in refused]
                 except EdgetrainError as exc:
                     failed.append(f"{host.name}: logs not copied: {exc}")
         self.nodes.close()

@@ -32,6 +32,8 @@ KERAS_LAYOUT = {
     "mnist": ("", ("mnist.npz",)),
 }
 OUTPUTS = "outputs.json"
+# In a container: uid:gid of the node's login user, written by the launcher (edgetrain.containers).
+RUN_AS = "/etc/edgetrain/user"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -48,6 +50,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("program")
     p.add_argument("args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
+
+
+def run_as_login_user(record: Path = Path(RUN_AS)) -> None:
+    """Ranks start as root in a container; they run as the node's login user, so the checkpoints,
+    logs and outputs they write in the node's run directory are that user's to collect and delete."""
+    if os.getuid() != 0 or not record.is_file():
+        return
+    uid, gid = (int(x) for x in record.read_text().split(":"))
+    if uid == 0:
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    home = Path(tempfile.gettempdir()) / f"edgetrain-home-{uid}"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.environ["HOME"] = str(home)  # root's home is not the user's to write (Keras' cache lives there)
 
 
 def rank_and_size() -> tuple[int, int]:
@@ -137,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.args[:1] == ["--"]:
         args.args = args.args[1:]
+    run_as_login_user()
     rank, size = rank_and_size()
     run_dir = args.run_dir
     failures.clear(run_dir, rank)

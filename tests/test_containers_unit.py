@@ -27,15 +27,32 @@ def test_node_dataset_default_is_the_datasets_roles_default():
 
 
 def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
-    cpu = containers.docker_run_argv(host("pi1"), "edgetrain-r1", "r1", "/home/pi/edgetrain/runs/r1", "edgetrain:0.1.0-arm64")
-    assert cpu[:2] == ["docker", "run"] and cpu[-1] == "edgetrain:0.1.0-arm64"
+    cpu = containers.docker_run_argv(host("pi1"), "edgetrain-r1", "r1", "/home/pi/edgetrain/runs/r1", "edgetrain:0.1.0-arm64", "198.18.0.3")
+    assert cpu[:2] == ["docker", "run"]
+    assert cpu[cpu.index("edgetrain:0.1.0-arm64") + 1] == "edgetrain-sshd"
     assert "--network" in cpu and cpu[cpu.index("--network") + 1] == "host"
     assert "/home/pi/edgetrain/runs/r1:/edgetrain/run" in cpu
     assert "/srv/edgetrain/datasets:/edgetrain/data:ro" in cpu
     assert "/home/pi/edgetrain/runs/.store:/edgetrain/store:ro" in cpu
     assert f"{containers.LABEL}=r1" in cpu and "--gpus" not in cpu
-    gpu = containers.docker_run_argv(host("gpu1", groups=("gpu",)), "edgetrain-r1", "r1", "/x", "edgetrain:0.1.0-cuda")
+    gpu = containers.docker_run_argv(host("gpu1", groups=("gpu",)), "edgetrain-r1", "r1", "/x", "edgetrain:0.1.0-cuda", None)
     assert gpu[gpu.index("--gpus") + 1] == "all"
+    assert not any(a.startswith("-oListenAddress") for a in gpu)
+
+
+def test_containers_remove_themselves_are_never_pulled_and_keep_few_capabilities():
+    argv = containers.docker_run_argv(host("pi1"), "edgetrain-r1", "r1", "/d/r1", "img", "198.18.0.3")
+    assert "--rm" in argv and argv[argv.index("--pull") + 1] == "never"
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    added = {argv[i + 1] for i, a in enumerate(argv) if a == "--cap-add"}
+    assert added == set(containers.CAPABILITIES) and "NET_RAW" not in added and "SYS_ADMIN" not in added
+    sshd = argv[argv.index("edgetrain-sshd") + 1:]
+    assert "-oListenAddress=198.18.0.3" in sshd and "-oAllowTcpForwarding=no" in sshd and "-oPermitTunnel=no" in sshd
+
+
+def test_the_run_key_is_for_the_head_only_restricted_and_expiring():
+    line = containers.authorized_key("ssh-ed25519 AAAAkey edgetrain-r1\n", ["127.0.0.1", "198.18.0.11"], 0.0)
+    assert line == 'restrict,from="127.0.0.1,198.18.0.11",expiry-time="197001020000Z" ssh-ed25519 AAAAkey edgetrain-r1\n'
 
 
 def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_env():
