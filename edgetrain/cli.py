@@ -77,7 +77,8 @@ def run(
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2), log=console.print)
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2),
+                            log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
@@ -200,11 +201,15 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
     """One line per run."""
     table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
     table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
+    problems = []
     for r in runs.all_runs(runs_dir):
         s = runs.summarize(r)
+        problems += s.problems
         table.add_row(s.id, s.job, s.status, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
                       f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
     console.print(table)
+    for problem in problems:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
 
 
 @runs_app.command("show")

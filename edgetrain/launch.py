@@ -119,9 +119,12 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"--tf-port {req.tf_port} must be between 1024 and 65000")
 
 
-def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program) -> int | None:
-    """The newest checkpoint's epoch on the rank-0 node (the ranks verify its files when they
-    load it); None for a script that keeps no edgetrain checkpoints (it resumes by itself)."""
+def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int, log: Callable[[str], None]) -> int | None:
+    """The newest intact checkpoint's epoch on the rank-0 node, checked against what is asked
+    for; None for a script that keeps no edgetrain checkpoints (it resumes by itself).
+
+    Every file of a checkpoint is hashed where it lives and compared with its manifest; a damaged
+    one is passed over for the one before, and the user is told."""
     head = rt.plan.head
     ckpt_dir = f"{rt.node_run_dirs(run)[head.name]}/checkpoints"
     listing = rt.nodes.check(head, ["sh", "-c", f"cd {shlex.quote(ckpt_dir)} 2>/dev/null && ls -1 */{checkpoints.MANIFEST}; true"],
@@ -132,13 +135,40 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program) -> int 
             raise EdgetrainError(f"run {run.id} has no checkpoint on {head.name} to resume from",
                                  f"start a new run: edgetrain run {program.name}")
         return None
-    manifest = json.loads(rt.nodes.check(head, ["cat", f"{ckpt_dir}/{found[-1]}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+    damaged = []
+    for name in reversed(found):
+        where = f"{ckpt_dir}/{name}"
+        try:
+            manifest = json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+            files = manifest["files"]
+            epoch = int(manifest["epoch"])
+        except (ValueError, KeyError, TypeError):
+            damaged.append(f"{name} (its manifest is damaged)")
+            continue
+        checklist = "".join(f"{digest}  {file}\n" for file, digest in files.items())
+        check = rt.nodes.run(head, ["sh", "-c", f"cd {shlex.quote(where)} && sha256sum -c --quiet -"], input=checklist)
+        if check.returncode != 0:
+            bad = (check.stdout.strip().splitlines() or check.stderr.strip().splitlines() or ["?"])[0]
+            damaged.append(f"{name} ({bad.replace(': FAILED', ' does not match its manifest')})")
+            continue
+        break
+    else:
+        raise EdgetrainError(f"run {run.id} has no intact checkpoint on {head.name}: {'; '.join(damaged)}",
+                             f"start a new run: edgetrain run {program.name}")
+    if damaged:
+        log(f"edgetrain: warning: passed over damaged checkpoint(s) {'; '.join(damaged)}; resuming from {name}")
     if manifest.get("job") != program.name:
         raise EdgetrainError(f"run {run.id} holds a {manifest.get('job')} checkpoint, not {program.name}",
-                             f"resume it with: edgetrain run {manifest.get('job')} --resume {run.id}")
-    if head.is_local:
-        checkpoints.verify(checkpoints.read(Path(ckpt_dir) / found[-1]))
-    epoch = int(manifest["epoch"])
+                             f"resume it with: {command_of(run, str(manifest.get('job')))}")
+    ranks = (manifest.get("metrics") or {}).get("ranks")
+    if program.job is not None and ranks is not None and ranks != np:
+        raise UsageError(f"run {run.id} trained on {ranks} ranks, this resume asks for {np}",
+                         f"resume with --np {ranks}: the learning rate and the data shards depend on it")
+    saved = {k: v for k, v in (manifest.get("options") or {}).items()}
+    if program.job is not None and saved and saved != program.checkpoint_options:
+        diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)} (asked {program.checkpoint_options.get(k)})"
+                         for k in sorted(set(saved) | set(program.checkpoint_options)) if saved.get(k) != program.checkpoint_options.get(k))
+        raise UsageError(f"run {run.id} was trained with {diff}", "resume with the options it was started with")
     if program.epochs is not None and epoch >= program.epochs:
         raise UsageError(f"run {run.id} already finished epoch {epoch}", f"pass --epochs {epoch + 1} or more to train further")
     return epoch
@@ -183,7 +213,7 @@ def prepare(req: RunRequest) -> Launch:
             ran = run.info().get("job")
             if ran != program.name:
                 raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
-            resumed_epoch = _resume_point(rt, run, program)
+            resumed_epoch = _resume_point(rt, run, program, req.np, req.log)
             lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
         else:
             run = created = runs.create(root, program.name)

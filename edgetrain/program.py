@@ -43,6 +43,7 @@ class Program:
     datasets: tuple[str, ...] = ()  # required on every node
     epochs: int | None = None  # a built-in job's total, for resume checks
     requirements: Path | None = None  # extra Python packages the script needs
+    checkpoint_options: dict = field(default_factory=dict)  # a built-in job's, as its checkpoints record them
 
     @property
     def is_script(self) -> bool:
@@ -87,7 +88,8 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
         args += ["--max-steps", str(o.max_steps)]
     if o.target_accuracy is not None:
         args += ["--target-accuracy", str(o.target_accuracy)]
-    return Program(spec.name, tuple(args), job=spec, datasets=(spec.dataset,), epochs=epochs)
+    return Program(spec.name, tuple(args), job=spec, datasets=(spec.dataset,), epochs=epochs,
+                   checkpoint_options={"batch_size": o.batch_size or spec.batch_size, **options})
 
 
 def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: Path | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints
-from .errors import EdgetrainError
+from .errors import EdgetrainError, UsageError
 
 
 def default_root() -> Path:
@@ -57,9 +58,25 @@ class Run:
         return info
 
     def metrics(self) -> list[dict]:
+        """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
+        return [m for _, m in self._metric_lines() if m is not None]
+
+    def damaged_metrics(self) -> list[int]:
+        """Numbers of the lines of metrics.jsonl that are not a JSON object."""
+        return [n for n, m in self._metric_lines() if m is None]
+
+    def _metric_lines(self) -> list[tuple[int, dict | None]]:
         if not self.metrics_file.exists():
             return []
-        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        found: list[tuple[int, dict | None]] = []
+        for n, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    value = None
+                found.append((n, value if isinstance(value, dict) and "epoch" in value else None))
+        return found
 
     @property
     def lock_file(self) -> Path:
@@ -148,12 +165,17 @@ def create(root: Path, job: str) -> Run:
     raise EdgetrainError(f"could not create a new run directory in {root}")
 
 
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def find(root: Path, run_id: str) -> Run:
-    """A run by id, or by a unique prefix of it."""
+    """A run by id, or by a unique prefix of it (plain characters only: never a path or a pattern)."""
+    if not RUN_ID.match(run_id or ""):
+        raise UsageError(f"{run_id!r} is not a run id", "see the runs with: edgetrain runs list")
     exact = root / run_id
-    if run_id and "/" not in run_id and (exact / "run.json").is_file():
+    if (exact / "run.json").is_file():
         return Run(exact)
-    matches = sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").is_file()) if root.is_dir() and run_id else []
+    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and (p / "run.json").is_file()) if root.is_dir() else []
     if len(matches) == 1:
         return Run(matches[0])
     if len(matches) > 1:
@@ -176,19 +198,35 @@ class Summary:
     val_accuracy: float | None
     images_per_sec: float | None
     checkpoint: int | None
+    problems: tuple[str, ...] = ()  # what could not be read, one line each
 
 
 def summarize(run: Run) -> Summary:
-    info = run.info()
+    """A run's line in ``runs list``; whatever part of it is damaged is named, never fatal."""
+    problems = []
+    try:
+        info = run.info()
+        status = run.status()
+    except EdgetrainError as exc:
+        info, status = {}, "damaged"
+        problems.append(str(exc))
     metrics = run.metrics()
+    problems += [f"run {run.id}: metrics.jsonl line {n} is damaged (left out)" for n in run.damaged_metrics()]
     last = metrics[-1] if metrics else {}
-    ckpt = checkpoints.latest(run.checkpoints)
+    newest = None
+    for ckpt_dir in sorted(run.checkpoints.glob(f"{checkpoints.PREFIX}*"), reverse=True) if run.checkpoints.is_dir() else []:
+        try:
+            newest = checkpoints.read(ckpt_dir).epoch
+            break
+        except (EdgetrainError, KeyError, ValueError, TypeError):
+            problems.append(f"run {run.id}: {ckpt_dir.name}/{checkpoints.MANIFEST} is damaged")
     return Summary(
         id=run.id,
         job=info.get("job", "?"),
-        status=run.status(),
+        status=status,
         epochs=len({m["epoch"] for m in metrics}),
         val_accuracy=last.get("val_accuracy"),
         images_per_sec=last.get("images_per_sec"),
-        checkpoint=ckpt.epoch if ckpt else None,
+        checkpoint=newest,
+        problems=tuple(problems),
     )

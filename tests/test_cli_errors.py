@@ -130,3 +130,65 @@ def test_runs_list_and_show(existing_runs):
 def test_missing_argument_is_a_usage_error():
     r = edgetrain("run")
     assert r.returncode == 2 and "Missing argument" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def two_epochs(tmp_path):
+    """A lenet run on 2 ranks with checkpoints for epochs 1 and 2, as the job writes them."""
+    root = tmp_path / "runs"
+    run = root / "20260102-000000-lenet-beef"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "run.json").write_text('{"id": "20260102-000000-lenet-beef", "job": "lenet", "status": "failed", '
+                                  '"attempts": [{"command": ["edgetrain", "run", "lenet", "--np", "2"]}]}\n')
+    for epoch in (1, 2):
+        checkpoints.write(run / "checkpoints", epoch, "lenet", {"ranks": 2, "val_accuracy": 0.9},
+                          lambda d: (d / "state.index").write_bytes(b"w"), extra={"options": {"batch_size": 64}})
+    return root, run
+
+
+def test_resume_refuses_another_number_of_ranks_or_other_options(two_epochs):
+    root, _ = two_epochs
+    before = snapshot(root)
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "1", "--epochs", "3", "--runs-dir", str(root))
+    assert_one_line_error(r, "trained on 2 ranks, this resume asks for 1", "--np 2", code=2)
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--batch-size", "32", "--runs-dir", str(root))
+    assert_one_line_error(r, "was trained with --batch-size 64 (asked 32)", code=2)
+    assert snapshot(root) == before
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(two_epochs):
+    root, run = two_epochs
+    (run / "checkpoints" / "epoch-0002" / "state.index").write_bytes(b"bit rot")
+    # --epochs 1 makes the resume stop at the check after the fallback, before anything trains.
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "1", "--runs-dir", str(root))
+    assert "passed over damaged checkpoint(s) epoch-0002 (state.index does not match its manifest); resuming from epoch-0001" in r.stdout.replace("\n", " ")
+    assert_one_line_error(r, "already finished epoch 1", code=2)
+    (run / "checkpoints" / "epoch-0002" / "manifest.json").write_text("{not json")
+    (run / "checkpoints" / "epoch-0001" / "state.index").write_bytes(b"rot too")
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--runs-dir", str(root))
+    assert_one_line_error(r, "has no intact checkpoint", "epoch-0002 (its manifest is damaged)", "epoch-0001 (state.index does not match")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("runs", "show", "**"), "'**' is not a run id"),
+    (("collect", "/etc/", "--dest", "DEST"), "'/etc/' is not a run id"),
+    (("run", "lenet", "--resume", "../x"), "'../x' is not a run id"),
+])
+def test_a_run_id_is_never_a_path_or_a_pattern(existing_runs, tmp_path, args, fragment):
+    before = snapshot(existing_runs)
+    args = tuple(str(tmp_path / "dest") if a == "DEST" else a for a in args)
+    assert_one_line_error(edgetrain(*args, "--runs-dir", str(existing_runs)), fragment, "edgetrain runs list", code=2)
+    assert snapshot(existing_runs) == before and not (tmp_path / "dest").exists()
+
+
+def test_runs_list_names_damage_and_still_lists_every_run(existing_runs, two_epochs):
+    root, run = two_epochs  # the same runs directory as existing_runs
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n{"epoch": 2, "lo')
+    (run / "checkpoints" / "epoch-0002" / "manifest.json").write_text("{")
+    r = edgetrain("runs", "list", "--runs-dir", str(root), env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "20260101-000000-lenet-abcd" in r.stdout and "20260102-000000-lenet-beef" in r.stdout
+    assert "epoch 1" in r.stdout.split("20260102-000000-lenet-beef")[1]  # the newest readable checkpoint
+    warnings = r.stderr.strip().splitlines()
+    assert warnings == ["edgetrain: warning: run 20260102-000000-lenet-beef: metrics.jsonl line 2 is damaged (left out)",
+                        "edgetrain: warning: run 20260102-000000-lenet-beef: epoch-0002/manifest.json is damaged"]
