@@ -42,14 +42,19 @@ def _copy(src: Path, dest: Path, rel: str, result: Collected) -> None:
     if _same(src, dest):
         result.unchanged.append(rel)
         return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
+    tmp = None
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+        os.close(fd)
         shutil.copyfile(src, tmp)
         os.replace(tmp, dest)
+    except OSError as exc:
+        raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}",
+                             "free some disk (what was copied is kept; collect again to finish)") from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     result.copied.append(rel)
 
 

@@ -79,6 +79,7 @@ KNOWN_FILES: tuple[KnownFile, ...] = (
 )
 
 DATASETS = ("mnist", "fashion-mnist")
+TRAIN_EXAMPLES = {"mnist": 60_000, "fashion-mnist": 60_000}
 # Preferred format first: the one a fetch brings.
 FORMATS = {"mnist": ("npz", "idx", "pkl"), "fashion-mnist": ("idx",)}
 MIRRORS = {

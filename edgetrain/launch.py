@@ -194,6 +194,7 @@ def prepare(req: RunRequest) -> Launch:
     started = time.monotonic()
     _check_request(req)
     program = req.program
+    program.check_ranks(req.np)
     inv = inventory.load(req.inventory)
     plan = placement.plan(inv, req.np, req.group)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None

@@ -107,7 +107,12 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
         return f"{rep.runs_dir}, {free / 1024**3:.0f} GiB free"
 
     def ssh() -> str:
-        nodes.check(host, ["true"], "ssh")
+        said = nodes.check(host, ["true"], "ssh")
+        if said.strip():
+            # Every answer edgetrain reads from a node would start with this text.
+            raise EdgetrainError(f"the login shell of {host.ssh_target} prints text for commands run over ssh "
+                                 f"({said.strip().splitlines()[0][:60]!r})",
+                                 "make the shell's startup files print only in interactive shells (e.g. test $- for i in ~/.bashrc)")
         return f"{host.ssh_target} port {host.port}"
 
     if not step("ssh", ssh):

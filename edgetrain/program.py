@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jobs
-from .datasets import DATASETS
+from .datasets import DATASETS, TRAIN_EXAMPLES
 from .errors import UsageError
 
 STRATEGIES = ("horovod", "tf-multiworker")
@@ -44,6 +44,16 @@ class Program:
     epochs: int | None = None  # a built-in job's total, for resume checks
     requirements: Path | None = None  # extra Python packages the script needs
     checkpoint_options: dict = field(default_factory=dict)  # a built-in job's, as its checkpoints record them
+
+    def check_ranks(self, np: int) -> None:
+        """What depends on the number of ranks: a built-in job's batch must fit in each rank's shard."""
+        if self.job is None:
+            return
+        batch = self.checkpoint_options["batch_size"]
+        shard = TRAIN_EXAMPLES[self.job.dataset] // np
+        if batch > shard:
+            raise UsageError(f"--batch-size {batch} is larger than each rank's shard of {self.job.dataset} ({shard} examples on {np} ranks)",
+                             f"use --batch-size {shard} or less")
 
     @property
     def is_script(self) -> bool:

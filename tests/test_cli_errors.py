@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -192,3 +194,32 @@ def test_runs_list_names_damage_and_still_lists_every_run(existing_runs, two_epo
     warnings = r.stderr.strip().splitlines()
     assert warnings == ["edgetrain: warning: run 20260102-000000-lenet-beef: metrics.jsonl line 2 is damaged (left out)",
                         "edgetrain: warning: run 20260102-000000-lenet-beef: epoch-0002/manifest.json is damaged"]
+
+
+def test_a_batch_larger_than_a_ranks_shard_is_refused_before_anything_starts(existing_runs):
+    before = snapshot(existing_runs)
+    r = edgetrain("run", "lenet", "--np", "2", "--batch-size", "40000", "--runs-dir", str(existing_runs))
+    assert_one_line_error(r, "--batch-size 40000 is larger than each rank's shard of mnist (30000 examples on 2 ranks)",
+                          "--batch-size 30000 or less", code=2)
+    assert snapshot(existing_runs) == before
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB file system of the test's own (tmpfs), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "small"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)], check=True)
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_collect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(existing_runs, small_disk):
+    ckpt = existing_runs / "20260101-000000-lenet-abcd" / "checkpoints"
+    checkpoints.write(ckpt, 2, "lenet", {"val_accuracy": 0.99}, lambda d: (d / "state.data").write_bytes(os.urandom(1024 * 1024)))
+    r = edgetrain("collect", "20260101", "--dest", str(small_disk), "--runs-dir", str(existing_runs))
+    assert_one_line_error(r, "No space left on device", "collect again to finish")
+    leftovers = [p.name for p in small_disk.rglob("*") if p.name.startswith(".")]
+    assert leftovers == []
