@@ -6,9 +6,9 @@ NP ?= 4
 EPOCHS ?= 1
 # System packages the tests need on top of the training stack: the multi-node testbed
 # (network namespaces, sshd) and the image builds (Docker engine, debootstrap).
-TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap
+TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo
 
-.PHONY: setup train test test-arm64
+.PHONY: setup train test test-arm64 test-cuda
 
 setup:
 	scripts/setup
@@ -26,3 +26,9 @@ test-arm64:
 	mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
 	update-binfmts --enable qemu-aarch64
 	$(VENV)/bin/python -m pytest -m arm64 tests/images $(PYTEST_ARGS)
+
+# The CUDA image (TensorFlow's CUDA 12.2 wheels, Horovod with NCCL), built offline and checked
+# without a GPU; see docs/gpu.md for its build time and size.
+test-cuda:
+	EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
+	$(VENV)/bin/python -m pytest -m cuda tests/images $(PYTEST_ARGS)

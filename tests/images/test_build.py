@@ -1,4 +1,4 @@
-"""Real offline builds of images/Dockerfile.arm64 (linux/amd64 always, linux/arm64 with -m arm64), then checks inside each image."""
+"""Real offline builds (linux/amd64 always; linux/arm64 with -m arm64; the CUDA image with -m cuda), then checks inside each image."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 # Compilers and build tools belong to the builder stage only. (MPICH's runtime package ships the
 # mpicc wrapper script; with no compiler behind it, it compiles nothing.)
-BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "cpp", "cmake", "make", "ld")
-BUILD_PACKAGES = ("gcc", "gcc-12", "g++", "g++-12", "cpp", "binutils", "libmpich-dev", "python3-dev", "build-essential", "cmake")
+BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "cpp", "cmake", "make", "ld", "nvcc", "g++-11", "patchelf")
+BUILD_PACKAGES = ("gcc", "gcc-12", "g++", "g++-12", "g++-11", "cpp", "binutils", "libmpich-dev", "python3-dev", "build-essential", "cmake",
+                  "nvidia-cuda-toolkit", "nvidia-cuda-dev", "patchelf")
+# Uncompressed. The CUDA image is dominated by TensorFlow's CUDA wheels (cuDNN alone is 1.1 GB).
+SIZE_LIMIT = {"amd64": 1.5e9, "arm64": 1.5e9, "cuda": 6e9}
 
 
 def run_in(image: str, *cmd: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -94,7 +97,8 @@ def test_labels_tell_versions_and_revision(image):
 
 
 def test_runtime_image_size_within_target(image):
-    assert image.size_bytes <= 1.5e9, f"{image.size_bytes / 1e9:.2f} GB"
+    limit = SIZE_LIMIT[image.tag.rsplit("-", 1)[-1]]
+    assert image.size_bytes <= limit, f"{image.size_bytes / 1e9:.2f} GB > {limit / 1e9:.1f} GB"
 
 
 def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image, tmp_path):

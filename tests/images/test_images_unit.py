@@ -90,7 +90,10 @@ def test_wheelhouse_requirements_follow_the_target(tmp_path, name, tensorflow, m
 def test_platform_tags_stop_at_the_base_glibc():
     tags = images.TARGETS["arm64"].platform_tags()
     assert tags[0] == "manylinux2014_aarch64" and tags[-1] == "manylinux_2_36_aarch64"
-    assert images.TARGETS["cuda"].platform_tags()[-1] == "manylinux_2_35_x86_64"
+    # The CUDA image builds on the same bookworm base as amd64 (glibc 2.36, python 3.11).
+    assert images.TARGETS["cuda"].platform_tags()[-1] == "manylinux_2_36_x86_64"
+    assert (images.TARGETS["cuda"].python, images.TARGETS["cuda"].debootstrap_base) == ("3.11", True)
+    assert images.base_tag(images.TARGETS["cuda"]) == images.base_tag(images.TARGETS["amd64"]) == "edgetrain-base:bookworm-amd64"
 
 
 def host(**kw) -> Host:
@@ -103,10 +106,12 @@ def test_images_and_ssh_commands_for_nodes():
     assert images.image_for(pi) == f"edgetrain:{images.__version__}-arm64"
     assert images.image_for(gpu) == f"edgetrain:{images.__version__}-cuda"
     assert images.image_for(host(image="site/edgetrain:pinned")) == "site/edgetrain:pinned"
-    assert images.node_docker(pi, ["load"]) == [
-        "ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-p", "2222", "-i", "/k",
-        "-o", "StrictHostKeyChecking=no", "pi@198.18.0.11", "docker load",
-    ]
+    # ssh as Ansible would (edgetrain.remote.ssh_command), the docker command last, as one string.
+    argv = images.node_docker(pi, ["load"])
+    assert argv == [*images.ssh_command(pi), "docker load"]
+    assert argv[0] == "ssh" and argv[-2:] == ["pi@198.18.0.11", "docker load"]
+    joined = " ".join(argv)
+    assert "-p 2222" in joined and "-i /k" in joined and "-o StrictHostKeyChecking=no" in joined
     assert images.node_docker(host(connection="local"), ["image", "ls"]) == ["docker", "image", "ls"]
 
 
@@ -118,3 +123,14 @@ def test_unknown_arch_is_a_user_error():
 def test_pinned_versions_reads_constraints(tmp_path):
     (tmp_path / "c.txt").write_text("# pins\nTensorflow==2.15.1  # comment\nhorovod == 0.28.1\nloose>=1\n")
     assert images.pinned_versions(tmp_path / "c.txt") == {"tensorflow": "2.15.1", "horovod": "0.28.1"}
+
+
+def test_cuda_library_versions_decode():
+    check = load_check_script()
+    # What TensorFlow 2.15.1's wheels report: cudaRuntimeGetVersion, cudnnGetVersion, ncclGetVersion.
+    assert check.cudart_version(12020) == "12.2"
+    assert check.cudart_version(11080) == "11.8"
+    assert check.cudnn_version(8904) == "8.9.4"
+    assert check.nccl_version(21605) == "2.16.5"
+    assert check.nccl_version(22809) == "2.28.9"
+
