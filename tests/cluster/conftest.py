@@ -130,9 +130,6 @@ def pytest_terminal_summary(terminalreporter):
 
 # --- the testbed as a container cluster: engines per node, the amd64 image on every node ---------
 
-NODE_HOME = "/root/edgetrain"  # private to each node
-
-
 @dataclass
 class Cluster:
     bed: Testbed
@@ -140,6 +137,35 @@ class Cluster:
     env: dict[str, str]
     runs: Path
     moved: dict[str, float] = field(default_factory=dict)  # MB through each node's link in `trained`
+
+    @property
+    def home(self) -> str:
+        """edgetrain's directory in the login user's home, private to each node."""
+        return f"{self.bed.state.login_home}/edgetrain"
+
+    def docker_inventory(self, name: str, **extra) -> str:
+        """An inventory of the nodes as a container cluster (node1 with 2 slots)."""
+        return self.bed.write_inventory(
+            {
+                "edgetrain_runtime": "docker",
+                "edgetrain_runs_dir": "edgetrain/runs",
+                "datasets_dir": f"{self.home}/datasets",
+                # All nodes share one kernel: without this UCX would pass messages through shared memory.
+                "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
+                **extra,
+            },
+            host_vars={self.bed.state.head.name: {"edgetrain_slots": 2}},
+            name=name,
+        )
+
+    def as_login(self, node: str, command: str) -> subprocess.CompletedProcess:
+        """A command over ssh as the nodes' login user (the inventory's ansible_user)."""
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return subprocess.run(self.bed.ssh_argv(n, user=self.bed.state.login_user) + [command], capture_output=True, text=True, timeout=120)
+
+    def owner(self, node: str, path: str) -> str:
+        n = next(n for n in self.bed.state.nodes if n.name == node)
+        return self.bed.ssh(n, f"stat -c %U {path}").stdout.strip()
 
     def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         n = next(n for n in self.bed.state.nodes if n.name == node)
@@ -166,24 +192,15 @@ class Cluster:
 def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
     if not testbed.state.docker:
         pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
-    inventory = testbed.write_inventory(
-        {
-            "edgetrain_runtime": "docker",
-            "edgetrain_runs_dir": "edgetrain/runs",
-            "datasets_dir": f"{NODE_HOME}/datasets",
-            # All nodes share one kernel: without this UCX would pass messages through shared memory.
-            "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
-        },
-        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
-        name="docker.yml",
-    )
-    playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
     runs = tmp_path_factory.mktemp("cluster-runs")
     # Wide enough that rich never wraps a table row the assertions read.
     env = {"DOCKER_HOST": engine.host, "EDGETRAIN_RUNS": str(runs), "COLUMNS": "250"}
+    cluster = Cluster(testbed, "", env, runs)
+    inventory = cluster.inventory = cluster.docker_inventory("docker.yml")
+    playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
     shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
     assert shipped.returncode == 0, shipped.stderr
-    return Cluster(testbed, inventory, env, runs)
+    return cluster
 
 
 

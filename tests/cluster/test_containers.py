@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, edgetrain
 
-from .conftest import NODE_HOME, run_id_of
+from .conftest import run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -73,8 +73,8 @@ def test_run_trains_across_the_nodes_in_containers(cluster, trained):
     # Gradients of a 1.6M-parameter model, allreduced 80 times, went through the nodes' links.
     assert cluster.moved["node2"] > 300 and cluster.moved["node3"] > 300, cluster.moved
     # Checkpoints stay on the rank-0 node until collected.
-    assert cluster.node_ls("node1", f"{NODE_HOME}/runs/{trained}/checkpoints") == ["epoch-0001", "epoch-0002"]
-    assert cluster.node_ls("node2", f"{NODE_HOME}/runs/{trained}/checkpoints") == []
+    assert cluster.node_ls("node1", f"{cluster.home}/runs/{trained}/checkpoints") == ["epoch-0001", "epoch-0002"]
+    assert cluster.node_ls("node2", f"{cluster.home}/runs/{trained}/checkpoints") == []
     assert cluster.leftovers() == {}
 
 
@@ -109,7 +109,7 @@ def test_killed_worker_container_fails_the_run_then_resume_completes(cluster, re
             assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()
             time.sleep(0.5)
         run_id = run_id_of("".join(out))
-        ckpts = f"{NODE_HOME}/runs/{run_id}/checkpoints"
+        ckpts = f"{cluster.home}/runs/{run_id}/checkpoints"
         while "epoch-0001" not in cluster.node_ls("node1", ckpts):
             assert proc.poll() is None and time.monotonic() < deadline, "".join(out) + proc.stderr.read()
             time.sleep(1)
@@ -148,7 +148,7 @@ def test_doctor_and_run_refuse_a_wrong_image_and_a_corrupt_dataset(cluster, tmp_
     tag = "edgetrain:0.1.0-amd64"
     original = cluster.docker("node2", "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
     node3 = cluster.bed.state.nodes[2]
-    data = f"{NODE_HOME}/datasets/mnist/mnist.pkl.gz"
+    data = f"{cluster.home}/datasets/mnist/mnist.pkl.gz"
     cluster.docker("node2", "tag", "edgetrain-testbed/probe:1", tag)
     cluster.bed.ssh(node3, f"cp {data} {data}.good && printf x >> {data}")
     try:
@@ -168,3 +168,17 @@ def test_doctor_and_run_refuse_a_wrong_image_and_a_corrupt_dataset(cluster, tmp_
     finally:
         cluster.docker("node2", "tag", original, tag)
         cluster.bed.ssh(node3, f"mv {data}.good {data}")
+
+
+def test_the_login_user_owns_what_the_ranks_wrote_and_can_remove_it(cluster, trained):
+    """On a Pi the login user is `pi`, not root: checkpoints, logs and metrics the ranks wrote in
+    containers are that user's, so collect and resume can read them and the user can delete them."""
+    user = cluster.bed.state.login_user
+    run_dir = f"{cluster.home}/runs/{trained}"
+    assert cluster.owner("node1", f"{run_dir}/checkpoints/epoch-0002") == user
+    assert cluster.owner("node1", f"{run_dir}/checkpoints/epoch-0002/manifest.json") == user
+    assert cluster.owner("node1", f"{run_dir}/metrics.jsonl") == user
+    assert cluster.owner("node3", f"{run_dir}/rank.3.log") == user
+    for node in ("node1", "node2", "node3"):
+        removed = cluster.as_login(node, f"rm -rf {run_dir} && ! test -e {run_dir}")
+        assert removed.returncode == 0, (node, removed.stderr)

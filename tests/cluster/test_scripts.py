@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, edgetrain
 
-from .conftest import NODE_HOME, run_id_of
+from .conftest import run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -31,18 +31,13 @@ def project(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def extra_inventory(cluster, testbed, report) -> str:
+def extra_inventory(cluster, report) -> str:
     """The same nodes, running an image with the project's requirements baked in, built here offline."""
     start = time.monotonic()
     built = edgetrain("images", "build", "--arch", "amd64", "--tag", EXTRA_TAG, "--requirements",
                       str(ROOT / "tests" / "scripts" / "with_requirements" / "requirements.txt"), env=cluster.env, timeout=1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    inventory = testbed.write_inventory(
-        {"edgetrain_runtime": "docker", "edgetrain_runs_dir": "edgetrain/runs", "datasets_dir": f"{NODE_HOME}/datasets",
-         "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"}, "edgetrain_image": EXTRA_TAG},
-        host_vars={testbed.state.head.name: {"edgetrain_slots": 2}},
-        name="docker-requirements.yml",
-    )
+    inventory = cluster.docker_inventory("docker-requirements.yml", edgetrain_image=EXTRA_TAG)
     shipped = edgetrain("images", "distribute", "-i", inventory, env=cluster.env, timeout=1800)
     assert shipped.returncode == 0, shipped.stderr
     report["image with requirements (build + distribute)"] = f"{time.monotonic() - start:.0f} s"
@@ -75,8 +70,8 @@ def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(clu
     shipped = {s["host"]: s for s in info["attempts"][-1]["shipped"]}
     assert set(shipped) == {"node1", "node2", "node3"} and all(s["files"] == 3 for s in shipped.values())
     # Rank 0 alone saved, into its working copy on node1.
-    assert "checkpoint-1.h5" in cluster.node_ls("node1", f"{NODE_HOME}/runs/{run_id}/work")
-    assert "checkpoint-1.h5" not in cluster.node_ls("node2", f"{NODE_HOME}/runs/{run_id}/ranks/2/work")
+    assert "checkpoint-1.h5" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
+    assert "checkpoint-1.h5" not in cluster.node_ls("node2", f"{cluster.home}/runs/{run_id}/ranks/2/work")
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 50 and moved["node3"] > 50, moved  # the gradients crossed the shaped links
     report["user script (horovod_keras + tabulate) np 4, 1 x 20 steps"] = (
@@ -108,7 +103,7 @@ def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_id = run_id_of(r.stdout)
-    assert "keras-model" in cluster.node_ls("node1", f"{NODE_HOME}/runs/{run_id}/work")
+    assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 50 and moved["node3"] > 50, moved
     report["tf-multiworker example np 4, 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
@@ -127,7 +122,7 @@ def test_a_script_that_raises_on_a_worker_node_is_named_and_nothing_is_left(clus
 
 def test_a_dataset_a_node_lacks_is_a_preflight_error_naming_it(cluster):
     node3 = cluster.bed.state.nodes[2]
-    data = f"{NODE_HOME}/datasets/fashion-mnist"
+    data = f"{cluster.home}/datasets/fashion-mnist"
     cluster.bed.ssh(node3, f"mv {data} {data}.away")
     try:
         r = edgetrain("run", str(ROOT / "examples" / "multiworker" / "train.py"), "--np", "4", "--dataset", "fashion-mnist",

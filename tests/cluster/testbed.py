@@ -102,6 +102,10 @@ class State:
     docker: bool
     nodes: list[Node] = field(default_factory=list)
     created_user: bool = False
+    # The login user of every node, as `pi` is on Raspberry Pi OS: not root, sudo without a
+    # password, its home private to each node (an empty tmpfs /home, like /root).
+    login_user: str = ""
+    created_login: bool = False
     # Paths under /root that every node's private /root shows (read-only).
     expose: list[str] = field(default_factory=list)
 
@@ -116,6 +120,14 @@ class State:
     @property
     def known_hosts(self) -> str:
         return f"{self.dir}/known_hosts"
+
+    @property
+    def sudoers(self) -> str:
+        return f"/etc/sudoers.d/edgetrain-testbed-{self.id}"
+
+    @property
+    def login_home(self) -> str:
+        return f"/home/{self.login_user}"
 
     @property
     def inventory(self) -> str:
@@ -168,10 +180,12 @@ class Testbed:
         d = root / tid
         d.mkdir(parents=True, mode=0o755)
         mpi_user = tid.replace("-", "")  # et1a2b: short, valid everywhere a user name is
+        login = f"pi{tid[3:]}"
         state = State(
             id=tid, dir=str(d), subnet=_free_subnet(), bridge=f"{tid}-br", mpi_user=mpi_user,
             shaped=shape, docker=docker, created_user=not _user_exists(mpi_user),
             expose=[p for p in {sys.base_prefix, sys.prefix} if p.startswith("/root/")],
+            login_user=login, created_login=not _user_exists(login),
         )
         for i in range(1, nodes + 1):
             state.nodes.append(Node(
@@ -198,6 +212,11 @@ class Testbed:
     def _up(self) -> None:
         s = self.state
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{s.id}-controller", "-f", s.key)
+        if s.created_login:
+            # One /etc/passwd for all nodes: the user exists once; its home is made in each node.
+            run("useradd", "--no-create-home", "--home-dir", s.login_home, "--shell", "/bin/bash", "--user-group", s.login_user)
+        Path(s.sudoers).write_text(f"{s.login_user} ALL=(ALL) NOPASSWD:ALL\n")
+        os.chmod(s.sudoers, 0o440)
         # sshd refuses to run without its privilege-separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         _ip("link", "add", s.bridge, "type", "bridge")
@@ -271,6 +290,9 @@ class Testbed:
         script = f"""set -e
 mount --bind /root {d}/roothome
 mount -t tmpfs -o mode=0711 tmpfs /root
+mount -t tmpfs -o mode=0755 tmpfs /home
+install -d -o {s.login_user} -g {s.login_user} -m 0700 {s.login_home} {s.login_home}/.ssh
+install -o {s.login_user} -g {s.login_user} -m 0600 {d}/root_authorized_keys {s.login_home}/.ssh/authorized_keys
 {expose}mount -t sysfs sysfs {d}/sys
 mount --rbind /sys/fs/cgroup {d}/sys/fs/cgroup
 mount --move {d}/sys /sys
@@ -333,6 +355,10 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         _ip("link", "del", s.bridge, check=False)
         if s.created_user and _user_exists(s.mpi_user):
             run("userdel", "--remove", s.mpi_user, check=False)
+        if s.created_login and s.login_user and _user_exists(s.login_user):
+            run("userdel", s.login_user, check=False)  # its homes were tmpfs mounts of the nodes
+        if s.login_user:
+            Path(s.sudoers).unlink(missing_ok=True)
         # Docker leaves read-only layers and mounts behind in its data-root until unmounted.
         for n in s.nodes:
             run("umount", "-R", n.docker_root, check=False)
@@ -394,10 +420,10 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         inv = {
             "all": {
                 "vars": {
-                    "ansible_user": "root",
+                    # As on a Pi: a login user that is not root, root through sudo.
+                    "ansible_user": s.login_user,
                     "ansible_port": 22,
-                    # Ansible logs in as root: sudo is not needed (nor installed).
-                    "ansible_become": False,
+                    "ansible_become": True,
                     "ansible_python_interpreter": "/usr/bin/python3",
                     "ansible_ssh_private_key_file": s.key,
                     "ansible_ssh_common_args": f"-o IdentitiesOnly=yes -o UserKnownHostsFile={s.known_hosts} -o StrictHostKeyChecking=yes",
