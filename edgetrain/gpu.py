@@ -390,6 +390,17 @@ def check_node(run: Run, node: str, *, image: str, slots: int, image_cuda: str |
     return GpuNode(node, report.driver_version, report.cuda_version, tuple(gpus), tuple(seen), driver, tuple(warnings))
 
 
+def check_host(nodes, host, image: str | None = None) -> GpuNode:
+    """:func:`check_node` for an inventory host through an ``edgetrain.remote.Nodes`` session
+    (ssh exactly as Ansible reaches the node; a local host runs the commands directly), with the
+    image the host runs and the host's slots."""
+    if image is None:
+        from .images import image_for
+
+        image = image_for(host)
+    return check_node(lambda argv: nodes.run(host, argv), host.name, image=image, slots=host.slots)
+
+
 # --- one GPU per rank ---------------------------------------------------------------------------
 
 

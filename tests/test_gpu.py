@@ -366,6 +366,37 @@ def test_without_the_container_check_no_docker_command_runs():
     assert result.container_gpus == () and all(c[0] == "nvidia-smi" for c in node.calls)
 
 
+def test_check_host_runs_through_a_nodes_session_with_the_hosts_image_and_slots():
+    from edgetrain.inventory import Host
+
+    class Nodes:  # edgetrain.remote.Nodes as check_host uses it
+        def __init__(self):
+            self.node = h100_node()
+            self.hosts = []
+
+        def run(self, host, argv):
+            self.hosts.append(host.name)
+            return self.node(argv)
+
+    host = Host(name="gpu1", address="198.18.0.21", arch="x86_64", slots=2, runtime="docker", groups=frozenset({"gpu"}))
+    nodes = Nodes()
+    with pytest.raises(EdgetrainError, match="^gpu1: 2 slots but 1 GPU"):
+        gpu.check_host(nodes, host)
+    assert set(nodes.hosts) == {"gpu1"}
+    # The image of a gpu host is the CUDA image unless the inventory names one.
+    inspect = next(c for c in nodes.node.calls if c[:3] == ["docker", "image", "inspect"])
+    assert inspect[-1] == f"edgetrain:{gpu_version()}-cuda"
+    one = Host(name="gpu1", address="198.18.0.21", arch="x86_64", slots=1, runtime="docker", groups=frozenset({"gpu"}), image="site/cuda:1")
+    again = Nodes()
+    assert gpu.check_host(again, one).container_gpus[0].uuid == UUID
+    assert [c[-2] for c in again.node.calls if c[:2] == ["docker", "run"]] == ["site/cuda:1"]
+
+
+def gpu_version() -> str:
+    from edgetrain import __version__
+    return __version__
+
+
 # --- one GPU per rank ---------------------------------------------------------------------------
 
 
