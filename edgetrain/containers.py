@@ -55,8 +55,8 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHRO
 # sshd in the container: Hydra's commands only; nothing forwarded, tunnelled or displayed.
 SSHD_OPTIONS = ("AllowTcpForwarding=no", "AllowStreamLocalForwarding=no", "AllowAgentForwarding=no",
                 "X11Forwarding=no", "PermitTunnel=no", "GatewayPorts=no")
-# How long a container outlives its controller's last lease renewal, and how often it is renewed.
-LEASE_SECONDS = 90
+# How often the controller renews each container's lease (it runs out after the host's
+# edgetrain_lease_seconds).
 LEASE_RENEW = 10
 LEASE_FILE = ".lease"
 # The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
@@ -167,7 +167,7 @@ class Containers:
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.lease",
-                                    f"{RUN_MOUNT}/{LEASE_FILE}", str(LEASE_SECONDS)], "starting the container's lease")
+                                    f"{RUN_MOUNT}/{LEASE_FILE}", str(host.lease_seconds)], "starting the container's lease")
             self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"cat > {RUN_AS}"],
                              "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
         except EdgetrainError as exc:

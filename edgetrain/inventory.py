@@ -49,6 +49,7 @@ class Host:
     runs_dir: str = DEFAULT_RUNS_DIR
     datasets_dir: str = DEFAULT_DATASETS_DIR
     mpi_env: dict = field(default_factory=dict, compare=False, hash=False)  # extra environment for every rank
+    lease_seconds: int = 90  # a container outlives its controller's last sign of life by this much
     groups: frozenset[str] = field(default_factory=frozenset)
     vars: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -163,6 +164,13 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
     datasets_dir = str(hv.get("datasets_dir") or DEFAULT_DATASETS_DIR)
     if not datasets_dir.startswith("/"):
         raise fail(f"datasets_dir {datasets_dir!r} is relative; the datasets role and the containers need an absolute path")
+    raw_lease = hv.get("edgetrain_lease_seconds", 90)
+    try:
+        lease = int(raw_lease)
+    except (TypeError, ValueError):
+        raise fail(f"edgetrain_lease_seconds is {raw_lease!r}, not a number of seconds") from None
+    if lease < 20:
+        raise fail(f"edgetrain_lease_seconds {lease} is too short: the controller renews every 10 s", "use 20 or more")
     env = hv.get("edgetrain_mpi_env") or {}
     if not isinstance(env, dict):
         raise fail("edgetrain_mpi_env must be a mapping of variable names to values")
@@ -180,6 +188,7 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
         runs_dir=str(hv.get("edgetrain_runs_dir") or DEFAULT_RUNS_DIR),
         datasets_dir=datasets_dir,
         mpi_env={str(k): str(v) for k, v in env.items()},
+        lease_seconds=lease,
         groups=frozenset(groups - {"all"}),
         vars=hv,
     )

@@ -170,11 +170,11 @@ class DockerRuntime(Runtime):
 
     name = "docker"
     python = containers.PYTHON
+    containers: containers.Containers | None = None  # once started
 
     def check(self, program: Program) -> None:
         self.reports = preflight.check_nodes(self.nodes, self.plan, program.datasets, self.inventory.source)
         preflight.require(self.reports)
-        self.containers: containers.Containers | None = None
         if program.requirements is not None:
             lines = requirements.read(program.requirements)
             with ThreadPoolExecutor(max_workers=min(16, len(self.plan.hosts))) as pool:

@@ -1,0 +1,186 @@
+"""Faults on the testbed's container cluster, as a real Pi cluster meets them: a worker's container
+killed, a worker's or the head's link going dark, the controller killed, two resumes of one run, the
+rank-0 node's disk full during a checkpoint. Each asserts how soon it is noticed, what is said,
+the exit code, that no container is left on any node, and that the resume which follows completes.
+The figures go to the testbed report."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.conftest import ROOT, edgetrain
+
+from .conftest import Cluster, run_id_of
+from .testbed import run
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+
+LEASE = 30  # edgetrain_lease_seconds on this inventory: containers of a lost controller end within it
+STEPS = ("--max-steps", "15")
+
+
+@pytest.fixture(scope="module")
+def faults(cluster) -> Cluster:
+    """The container cluster with a short lease, so a node cut off is back to clean soon."""
+    return Cluster(cluster.bed, cluster.docker_inventory("docker-faults.yml", edgetrain_lease_seconds=LEASE),
+                   cluster.env, cluster.runs)
+
+
+class LongRun:
+    """`edgetrain run lenet` across the nodes in the background, as a user starts it in a terminal."""
+
+    def __init__(self, c: Cluster, *extra: str, epochs: int = 40) -> None:
+        self.c = c
+        cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "4", "-i", c.inventory, "--epochs", str(epochs),
+               *STEPS, *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env={**os.environ, **c.env}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.out: list[str] = []
+        self.err: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()
+
+    def _until(self, what: str, ready, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the run ended before {what}:\n{''.join(self.out)}{''.join(self.err)}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+            time.sleep(0.5)
+
+    def run_id(self) -> str:
+        self._until("run id", lambda: any(line.startswith("run ") for line in self.out), 600)
+        return run_id_of("".join(self.out))
+
+    def checkpoint(self, epoch: int = 1) -> str:
+        rid = self.run_id()
+        self._until(f"checkpoint {epoch}", lambda: f"epoch-{epoch:04d}" in self.c.node_ls("node1", f"{self.c.home}/runs/{rid}/checkpoints"), 600)
+        return rid
+
+    def wait(self, timeout: float = 180) -> tuple[int, float, str]:
+        start = time.monotonic()
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.5)  # the readers catch up
+        return code, time.monotonic() - start, "".join(self.err)
+
+
+def saved(c: Cluster, rid: str) -> int:
+    return max(int(n.split("-")[1]) for n in c.node_ls("node1", f"{c.home}/runs/{rid}/checkpoints") if n.startswith("epoch-"))
+
+
+def resume_completes(c: Cluster, rid: str) -> int:
+    """Resume one epoch past the newest checkpoint; returns the epoch it resumed from."""
+    done = saved(c, rid)
+    r = edgetrain("run", "lenet", "--np", "4", "-i", c.inventory, "--epochs", str(done + 1), *STEPS, "--resume", rid,
+                  env=c.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    info = c.run_json(rid)
+    assert info["status"] == "completed" and info["attempts"][-1]["resumed_from_epoch"] == done
+    return done
+
+
+def gone_within(c: Cluster, seconds: float) -> float:
+    """Seconds until no edgetrain container is left on any node."""
+    start = time.monotonic()
+    while c.leftovers():
+        assert time.monotonic() - start < seconds, f"containers left: {c.leftovers()}"
+        time.sleep(1)
+    return time.monotonic() - start
+
+
+def test_a_killed_worker_container_ends_the_run_naming_it(faults, report):
+    job = LongRun(faults)
+    rid = job.checkpoint()
+    faults.docker("node3", "kill", f"edgetrain-{rid}")
+    code, detected, err = job.wait(120)
+    assert code == 1 and detected < 60, err
+    last = err.strip().splitlines()[-1]
+    assert "rank 3 on node3" in last and f"-i {faults.inventory}" in last and f"--resume {rid}" in last, last
+    assert faults.leftovers() == {}
+    resumed = resume_completes(faults, rid)
+    report["fault: worker container killed"] = f"detected in {detected:.1f} s, 0 containers left, resumed from epoch {resumed}"
+
+
+@pytest.mark.parametrize("node", ["node3", "node1"], ids=["worker", "head"])
+def test_a_link_going_dark_ends_the_run_naming_the_node(faults, report, node):
+    job = LongRun(faults)
+    rid = job.checkpoint()
+    veth = next(n.veth for n in faults.bed.state.nodes if n.name == node)
+    run("ip", "link", "set", veth, "down")  # packets dropped, no reset: the link just goes dark
+    try:
+        code, detected, err = job.wait(180)
+    finally:
+        run("ip", "link", "set", veth, "up")
+    assert code == 1 and detected < 60, (detected, err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert node in last and f"--resume {rid}" in last and f"-i {faults.inventory}" in last, last
+    # The node that was cut off ends its container itself once its lease runs out.
+    cleared = gone_within(faults, LEASE + 30)
+    resumed = resume_completes(faults, rid)
+    report[f"fault: {node} link cut"] = (f"detected in {detected:.1f} s; its container gone {cleared:.0f} s after the CLI's exit "
+                                         f"(lease {LEASE} s); resumed from epoch {resumed}")
+
+
+def test_a_killed_controller_leaves_containers_that_end_themselves(faults, report):
+    job = LongRun(faults)
+    rid = job.checkpoint()
+    job.proc.kill()  # SIGKILL: nothing of ours runs
+    job.wait(30)
+    killed = time.monotonic()
+    shown = edgetrain("runs", "show", rid, env=faults.env)
+    assert "status abandoned" in shown.stdout and f"--resume {rid}" in shown.stdout, shown.stdout
+    cleared = gone_within(faults, LEASE + 30)
+    assert time.monotonic() - killed <= LEASE + 30
+    resumed = resume_completes(faults, rid)
+    report["fault: controller SIGKILL"] = f"every container gone {cleared:.0f} s after (lease {LEASE} s); the next run resumed from epoch {resumed}"
+
+
+def test_a_second_resume_of_a_live_run_is_refused_and_changes_nothing(faults):
+    first = LongRun(faults)
+    rid = first.checkpoint()
+    first.proc.send_signal(signal.SIGINT)
+    assert first.wait(120)[0] == 130
+    again = LongRun(faults, "--resume", rid)
+    again._until("training", lambda: any("resuming after epoch" in line for line in again.out), 600)
+    second = edgetrain("run", "lenet", "--np", "4", "-i", faults.inventory, "--epochs", "40", *STEPS, "--resume", rid, env=faults.env)
+    assert second.returncode == 1
+    assert f"run {rid} is in use by pid {again.proc.pid}" in second.stderr.strip().splitlines()[-1]
+    assert again.proc.poll() is None and faults.docker("node2", "inspect", f"edgetrain-{rid}", check=False).returncode == 0
+    again.proc.send_signal(signal.SIGINT)
+    assert again.wait(120)[0] == 130
+    assert faults.leftovers() == {}
+
+
+def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(faults, report):
+    node1 = faults.bed.state.head
+    runs_dir = f"{faults.home}/runs"
+    user = pwd.getpwnam(faults.bed.state.login_user)
+    # node1's runs directory becomes a small file system of its own; one LeNet checkpoint (~20 MB) fits, two do not.
+    mount = ["nsenter", "-t", str(node1.sshd_pid), "--mount"]
+    run(*mount, "mount", "-t", "tmpfs", "-o", f"size=64m,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", runs_dir)
+    try:
+        run(*mount, "sh", "-c", f"head -c 34000000 /dev/zero > {runs_dir}/filler")
+        job = LongRun(faults)
+        rid = job.checkpoint()
+        code, _, err = job.wait(300)
+        assert code == 1
+        last = err.strip().splitlines()[-1]
+        assert "rank 0 on node1 failed" in last and "No space left on device" in last, last
+        assert faults.leftovers() == {}
+        run(*mount, "rm", f"{runs_dir}/filler")
+        resumed = resume_completes(faults, rid)
+        report["fault: rank-0 node's disk full during a checkpoint"] = f"named on node1; resumed from epoch {resumed}"
+    finally:
+        run(*mount, "umount", runs_dir, check=False)
