@@ -194,9 +194,9 @@ def prepare(req: RunRequest) -> Launch:
     started = time.monotonic()
     _check_request(req)
     program = req.program
-    program.check_ranks(req.np)
     inv = inventory.load(req.inventory)
     plan = placement.plan(inv, req.np, req.group)
+    program.check_ranks(req.np)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
     rt = _runtime(req, inv, plan)
     created: runs.Run | None = None
