@@ -144,33 +144,26 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
     arch = str(hv.get("edgetrain_arch") or (platform.machine() if local else ""))
     if arch not in ARCHES:
         raise fail(f"edgetrain_arch is {arch or 'missing'}; set it to one of {', '.join(ARCHES)}")
-    raw_slots = hv.get("edgetrain_slots", os.cpu_count() if local else 1)
-    try:
-        slots = int(raw_slots)
-    except (TypeError, ValueError):
-        raise fail(f"edgetrain_slots is {raw_slots!r}, not a number") from None
-    if slots < 1:
-        raise fail(f"edgetrain_slots is {slots}; a host needs at least 1 slot")
+    def number(key: str, default: int, low: int, high: int, meaning: str) -> int:
+        raw = hv.get(key, default)
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise fail(f"{key} is {raw!r}, not {meaning}") from None
+        if not low <= value <= high:
+            raise fail(f"{key} is {value}; it must be {meaning} from {low} to {high}")
+        return value
+
+    slots = number("edgetrain_slots", (os.cpu_count() or 1) if local else 1, 1, 4096, "a number of slots")
     runtime = str(hv.get("edgetrain_runtime", "docker"))
     if runtime not in RUNTIMES:
         raise fail(f"edgetrain_runtime is {runtime!r}; use one of {', '.join(RUNTIMES)}")
-    raw_port = hv.get("ansible_port", 22)
-    try:
-        port = int(raw_port)
-    except (TypeError, ValueError):
-        raise fail(f"ansible_port is {raw_port!r}, not a port number") from None
-    if not 0 < port < 65536:
-        raise fail(f"ansible_port {port} is not a port number (1-65535)")
+    port = number("ansible_port", 22, 1, 65535, "a port number")
     datasets_dir = str(hv.get("datasets_dir") or DEFAULT_DATASETS_DIR)
     if not datasets_dir.startswith("/"):
         raise fail(f"datasets_dir {datasets_dir!r} is relative; the datasets role and the containers need an absolute path")
-    raw_lease = hv.get("edgetrain_lease_seconds", 90)
-    try:
-        lease = int(raw_lease)
-    except (TypeError, ValueError):
-        raise fail(f"edgetrain_lease_seconds is {raw_lease!r}, not a number of seconds") from None
-    if lease < 20:
-        raise fail(f"edgetrain_lease_seconds {lease} is too short: the controller renews every 10 s", "use 20 or more")
+    # The controller renews every 10 s: a shorter lease would end healthy containers.
+    lease = number("edgetrain_lease_seconds", 90, 20, 7 * 24 * 3600, "a number of seconds")
     env = hv.get("edgetrain_mpi_env") or {}
     if not isinstance(env, dict):
         raise fail("edgetrain_mpi_env must be a mapping of variable names to values")

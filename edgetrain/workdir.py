@@ -10,7 +10,6 @@ folder sends nothing, and a script that writes next to itself writes into its ru
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import shlex
@@ -22,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .datasets import sha256_file
 from .errors import EdgetrainError, UsageError
 from .inventory import Host
 from .remote import UNREACHABLE, Nodes
@@ -96,14 +96,6 @@ def _ignored(rules: list[tuple[bool, str]], rel: str, is_dir: bool) -> bool:
     return ignored
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
     """Every file of the folder that ships, hashed; refused before hashing when it is too large."""
     root = root.resolve()
@@ -134,7 +126,7 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
                     f"list what the ranks do not need in {root / IGNORE_FILES[0]}, or raise --max-workdir-mb",
                 )
             found.append((rel, here / name, st))
-    entries = tuple(Entry(rel, _sha256(p), st.st_size, stat.S_IMODE(st.st_mode)) for rel, p, st in found)
+    entries = tuple(Entry(rel, sha256_file(p), st.st_size, stat.S_IMODE(st.st_mode)) for rel, p, st in found)
     return Manifest(root, entries, ignore_file)
 
 
@@ -203,12 +195,12 @@ def materialize(manifest: Manifest, store: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for e in manifest.entries:
         target = dest / e.path
-        if target.is_file() and target.stat().st_size == e.size and _sha256(target) == e.sha256:
+        if target.is_file() and target.stat().st_size == e.size and sha256_file(target) == e.sha256:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.edgetrain-tmp")
         shutil.copyfile(store / e.sha256, tmp)
-        if _sha256(tmp) != e.sha256:
+        if sha256_file(tmp) != e.sha256:
             tmp.unlink()
             raise EdgetrainError(f"{store / e.sha256} in the node's file store is damaged", f"remove it; the next run ships {e.path} again")
         os.chmod(tmp, e.mode)
@@ -222,7 +214,7 @@ def changed(manifest: Manifest, workdir: Path) -> dict[str, str]:
     for p in sorted(workdir.rglob("*")):
         if p.is_file() and not p.is_symlink():
             rel = p.relative_to(workdir).as_posix()
-            digest = _sha256(p)
+            digest = sha256_file(p)
             if shipped.get(rel) != digest:
                 found[rel] = digest
     return found

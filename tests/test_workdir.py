@@ -88,7 +88,7 @@ def test_materialize_keeps_what_the_script_wrote_and_refuses_a_damaged_store(pro
     (dest / "train.py").write_text("edited on the node")
     workdir.materialize(m, store, dest)  # a resumed run
     assert (dest / "checkpoint-1.h5").read_text() == "model" and (dest / "train.py").read_text() == "print('hi')\n"
-    assert workdir.changed(m, dest) == {"checkpoint-1.h5": workdir._sha256(dest / "checkpoint-1.h5")}
+    assert workdir.changed(m, dest) == {"checkpoint-1.h5": workdir.sha256_file(dest / "checkpoint-1.h5")}
     blob = store / next(e.sha256 for e in m.entries if e.path == "lib/model.py")
     blob.chmod(0o644)
     blob.write_text("rot")
