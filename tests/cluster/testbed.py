@@ -215,7 +215,8 @@ class Testbed:
         if s.created_login:
             # One /etc/passwd for all nodes: the user exists once; its home is made in each node.
             run("useradd", "--no-create-home", "--home-dir", s.login_home, "--shell", "/bin/bash", "--user-group", s.login_user)
-        Path(s.sudoers).write_text(f"{s.login_user} ALL=(ALL) NOPASSWD:ALL\n")
+        # Each node's engine listens on a socket of its own (sshd's SetEnv DOCKER_HOST): sudo keeps it.
+        Path(s.sudoers).write_text(f"Defaults:{s.login_user} env_keep += \"DOCKER_HOST\"\n{s.login_user} ALL=(ALL) NOPASSWD:ALL\n")
         os.chmod(s.sudoers, 0o440)
         # sshd refuses to run without its privilege-separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
