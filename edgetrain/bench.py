@@ -1,21 +1,29 @@
-"""Benchmarks of container runs on a cluster: ``python -m edgetrain.bench -i INVENTORY``.
+"""Benchmarks of what edgetrain's launch costs.
 
-For each --np: ``edgetrain run`` (preflight, containers, MPI probe, training) timed from the call
-to the first training step, and the same job started by a bare ``mpirun`` inside containers that
-are already up, timed the same way. The difference is what edgetrain's checks cost; images/s
-come from the runs' own metrics.
+``python -m edgetrain.bench -i INVENTORY``: for each --np, ``edgetrain run`` of a built-in job
+(preflight, containers, MPI probe, training) timed from the call to the first training step, and
+the same job started by a bare ``mpirun`` inside containers that are already up, timed the same
+way. The difference is what edgetrain's checks cost; images/s come from the runs' own metrics.
+
+``python -m edgetrain.bench --script train.py --np 2 --repeat 3 -- ARGS``: a user's Keras script on
+this machine, under ``edgetrain run`` and under a bare ``mpirun`` in a copy of its folder,
+interleaved, each timed from the call to rank 0's first step (Keras' progress bar).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from . import containers, inventory, placement, preflight, progress, runs
+from . import containers, datasets, inventory, mpi, placement, preflight, progress, runs, worker
 from . import program as programs
 from .program import JobOptions
 from .remote import Nodes
@@ -65,14 +73,63 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
                 nodes.run(r.host, ["rm", "-rf", dirs[r.host.name]])
 
 
+def _first_keras_step(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int]:
+    """Seconds from starting ``cmd`` to the first Keras progress line of rank 0, and its exit code."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    assert proc.stdout is not None
+    first = None
+    for line in proc.stdout:
+        if first is None and progress.parse(line) is not None and "/" in line.split("[")[0]:
+            first = time.monotonic() - start
+    code = proc.wait()
+    if first is None:
+        raise SystemExit(f"{shlex.join(cmd)} showed no training step (exit {code})")
+    return first, code
+
+
+def script_first_step(script: Path, np: int, args: list[str], repeat: int) -> list[dict]:
+    """A user script under ``edgetrain run`` and under a bare ``mpirun``, interleaved."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgetrain-bench-") as tmp:
+        home, runs_dir, copy = Path(tmp) / "home", Path(tmp) / "runs", Path(tmp) / "work"
+        shutil.copytree(script.parent, copy)
+        data = Path(tmp) / "data"
+        for name in datasets.DATASETS:
+            found = datasets.locate(name)
+            (data / name).mkdir(parents=True)
+            for p in found.paths:
+                (data / name / p.name).symlink_to(p.resolve())
+        worker.link_datasets(data, home / ".keras")
+        bare_env = {**os.environ, "HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "1"}
+        for i in range(repeat):
+            edge, _ = _first_keras_step([sys.executable, "-m", "edgetrain", "run", str(script), "--np", str(np),
+                                         "--runs-dir", str(runs_dir), "--", *args], Path.cwd(), dict(os.environ))
+            bare, _ = _first_keras_step([mpi.mpirun_path(), "-n", str(np), sys.executable, str(copy / script.name), *args],
+                                        copy, bare_env)
+            rows.append({"try": i + 1, "np": np, "edgetrain_run_s": round(edge, 1), "bare_mpirun_s": round(bare, 1)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m edgetrain.bench", description=__doc__)
-    p.add_argument("-i", "--inventory", type=Path, required=True)
+    p.add_argument("-i", "--inventory", type=Path)
+    p.add_argument("--script", type=Path, help="time a user's Keras script on this machine instead")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("args", nargs="*", help="the script's arguments (after --)")
     p.add_argument("--job", default="lenet")
     p.add_argument("--np", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--max-steps", type=int, default=100, help="training steps per run")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"))
     args = p.parse_args(argv)
+    if args.script is not None:
+        for np in args.np:
+            for row in script_first_step(args.script, np, args.args, args.repeat):
+                print(json.dumps(row), flush=True)
+        return 0
+    if args.inventory is None:
+        p.error("give -i INVENTORY (a container cluster) or --script")
     for np in args.np:
         row = edgetrain_run(args.inventory, args.job, np, args.max_steps, args.runs_dir)
         row["bare_mpirun_first_step_s"] = round(bare_mpirun(args.inventory, args.job, np, args.max_steps), 1)
