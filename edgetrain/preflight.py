@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import containers, datasets, images
+from . import containers, datasets, gpu, images
 from .errors import EdgetrainError
 from .inventory import Host
 from .placement import Placement
@@ -117,8 +117,9 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
 
     if not step("ssh", ssh):
         return rep
-    if step("docker", engine):
-        step("image", image)
+    if step("docker", engine) and step("image", image) and host.is_gpu:
+        # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
+        step("gpu", lambda: gpu.check_host(nodes, host).summary())
     for dataset in wanted:
         step("dataset", data(dataset))
     step("disk", disk)

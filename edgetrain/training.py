@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from . import callbacks as et  # noqa: E402
-from . import datasets  # noqa: E402
+from . import datasets, gpu  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
 
 
@@ -55,12 +55,15 @@ def weights_digest(model) -> str:
 def train(args: argparse.Namespace) -> dict:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    # One GPU per rank, before TensorFlow creates anything (no-op without GPUs).
+    pinned = gpu.pin_gpu(tf, hvd.local_rank())
     # Ranks sharing a machine share its cores; TensorFlow would otherwise give each all of them.
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(args.seed)
-    print(f"{threads} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}", flush=True)
+    print(f"{threads} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}"
+          + (f", {pinned}" if pinned else ""), flush=True)
 
     spec = get_job(args.job)
     job = spec.load()
