@@ -65,15 +65,13 @@ def run(
     seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
     warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")] = 0.25,
-    depth: Annotated[Optional[int], typer.Option(help="fashion: residual blocks per stage.")] = None,
-    width: Annotated[Optional[int], typer.Option(help="fashion: width of the first stage (then x2, x4).")] = None,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")] = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
-    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs,
-                         {k: v for k, v in (("depth", depth), ("width", width)) if v is not None})
+    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []))
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,

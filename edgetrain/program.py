@@ -24,13 +24,13 @@ class JobOptions:
     seed: int = 42
     target_accuracy: float | None = None
     warmup_epochs: float = 0.25
-    extra: dict = field(default_factory=dict)  # the job's own (``--depth``, ``--width``)
+    extra: dict = field(default_factory=dict)  # the job's own, as declared in its JobSpec (``-o width=8``)
 
     def given(self) -> list[str]:
         """The options that differ from their defaults, as the user would have typed them."""
         found = [f"--{k.replace('_', '-')}" for k, v in self.__dict__.items()
                  if k != "extra" and v != JobOptions.__dataclass_fields__[k].default]
-        return found + [f"--{k}" for k in self.extra]
+        return found + [f"-o {k}=..." for k in self.extra]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,17 @@ class Program:
         return [self.script or "", "--", *self.args]
 
 
+def parse_options(given: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs from ``-o``; their names and types are the job's to check."""
+    found = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise UsageError(f"-o {item!r} is not NAME=VALUE", "e.g. -o width=8")
+        found[name.strip()] = value.strip()
+    return found
+
+
 def _check_numbers(o: JobOptions) -> None:
     for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps)):
         if value is not None and value < 1:
@@ -84,13 +95,20 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
                          f"use its options (edgetrain run {spec.name} --help)")
     unknown = sorted(set(o.extra) - set(spec.options))
     if unknown:
-        known = ", ".join(f"--{k}" for k in spec.options) or "none"
-        raise UsageError(f"job {spec.name} has no option --{unknown[0]}", f"its own options: {known}")
+        known = ", ".join(f"{k}={v}" for k, v in spec.options.items()) or "none"
+        raise UsageError(f"job {spec.name} has no option {unknown[0]}", f"its own options (with their defaults): {known}")
     _check_numbers(o)
-    options = {**spec.options, **o.extra}
-    if any(int(v) < 1 for v in options.values()):
-        bad = next(k for k, v in options.items() if int(v) < 1)
-        raise UsageError(f"--{bad} {options[bad]} must be at least 1")
+    options = dict(spec.options)
+    for name, value in o.extra.items():
+        # A job declares each option by its default, whose type the given value must have.
+        try:
+            options[name] = type(spec.options[name])(value)
+        except ValueError:
+            kind = {int: "a whole number", float: "a number"}.get(type(spec.options[name]), type(spec.options[name]).__name__)
+            raise UsageError(f"-o {name}={value}: {name} takes {kind}",
+                             f"e.g. -o {name}={spec.options[name]}") from None
+        if isinstance(options[name], int) and options[name] < 1:
+            raise UsageError(f"-o {name}={value} must be at least 1")
     epochs = o.epochs or spec.epochs
     args = ["--job", spec.name, "--epochs", str(epochs), "--batch-size", str(o.batch_size or spec.batch_size),
             "--seed", str(o.seed), "--warmup-epochs", str(o.warmup_epochs), "--options", json.dumps(options)]

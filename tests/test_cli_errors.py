@@ -51,7 +51,10 @@ def test_np_zero(existing_runs):
 
 
 def test_option_of_another_job(existing_runs):
-    assert_one_line_error(edgetrain("run", "lenet", "--depth", "3", "--runs-dir", str(existing_runs)), "no option --depth", code=2)
+    assert_one_line_error(edgetrain("run", "lenet", "-o", "depth=3", "--runs-dir", str(existing_runs)), "job lenet has no option depth", code=2)
+    assert_one_line_error(edgetrain("run", "fashion", "-o", "width=wide", "--runs-dir", str(existing_runs)), "width takes a whole number", code=2)
+    assert_one_line_error(edgetrain("run", "fashion", "-o", "width=0", "--runs-dir", str(existing_runs)), "-o width=0 must be at least 1", code=2)
+    assert_one_line_error(edgetrain("run", "fashion", "-o", "width", "--runs-dir", str(existing_runs)), "is not NAME=VALUE", code=2)
 
 
 def test_accuracy_given_as_percent(existing_runs):
@@ -127,6 +130,11 @@ def test_data_import_of_a_stranger(tmp_path):
 def test_runs_list_and_show(existing_runs):
     r = edgetrain("runs", "list", "--runs-dir", str(existing_runs))
     assert r.returncode == 0 and "20260101-000000-lenet-abcd" in r.stdout and "epoch 1" in r.stdout
+
+
+def test_shell_completion_is_installable():
+    r = edgetrain("--help", env={"COLUMNS": "200"})
+    assert r.returncode == 0 and "--install-completion" in r.stdout and "--show-completion" in r.stdout
 
 
 def test_missing_argument_is_a_usage_error():

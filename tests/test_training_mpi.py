@@ -51,6 +51,8 @@ def test_loss_falls_and_progress_is_reported(trained):
     assert metrics[1]["val_accuracy"] > 0.6
     assert all(m["images_per_sec"] > 0 and m["ranks"] == 2 for m in metrics)
     assert "epoch 2/2: loss" in result.stdout and f"run {run.id} completed" in result.stdout
+    # rank 0 wrote TensorBoard's event files (`tensorboard --logdir runs/`), the other rank none
+    assert list((run.path / "tensorboard").rglob("events.out.tfevents.*"))
     info = run.info()
     assert info["status"] == "completed" and info["placement"]["np"] == 2
     assert info["versions"]["mpich"] == "4.0.2"
@@ -111,7 +113,7 @@ def test_resume_continues_from_the_saved_epoch(trained):
 
 
 def test_fashion_job_trains(tmp_path):
-    result = edgetrain("run", "fashion", "--np", "2", "--epochs", "1", "--max-steps", "8", "--width", "8",
+    result = edgetrain("run", "fashion", "--np", "2", "--epochs", "1", "--max-steps", "8", "-o", "width=8",
                        "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [run] = runs.all_runs(tmp_path)

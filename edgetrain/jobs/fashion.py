@@ -1,7 +1,7 @@
 """A residual WideResNet-style network on Fashion-MNIST: SGD with a step schedule, augmentation.
 
-The published shape is two blocks per stage at widths 160/320/640 (``--depth 2 --width 160``).
-The default keeps the depth at a tenth of the width (``--width 16``): compute falls with the
+The published shape is two blocks per stage at widths 160/320/640 (``-o depth=2 -o width=160``).
+The default keeps the depth at a tenth of the width (``-o width=16``): compute falls with the
 square of the width, to about 1/100, so an epoch takes minutes rather than hours on a Raspberry
 Pi 4, and it still passes 85% test accuracy in one epoch (measured 85.9% on 2 ranks). Batch 32
 per rank: in a single epoch, more updates beat larger batches.
