@@ -9,7 +9,6 @@ each node is still alive, and removes everything it started.
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -254,10 +253,6 @@ def tf_workers(plan: Placement, base_port: int) -> tuple[list[str], dict[str, li
         address = host.address if not host.is_local or len(plan.hosts) > 1 else "localhost"
         workers += [f"{address}:{p}" for p in ports[host.name]]
     return workers, ports
-
-
-def local_hostname() -> str:
-    return socket.gethostname()
 
 
 def host_of(plan: Placement, address: str) -> Host | None:
