@@ -231,3 +231,28 @@ def test_collect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(existin
     assert_one_line_error(r, "No space left on device", "collect again to finish")
     leftovers = [p.name for p in small_disk.rglob("*") if p.name.startswith(".")]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--hang-timeout", "nan"), "--hang-timeout nan must be a positive number of seconds"),
+    (("--hang-timeout", "inf"), "--hang-timeout inf must be a positive number of seconds"),
+    (("--warmup-epochs", "nan"), "--warmup-epochs nan must be a number of epochs"),
+    (("--seed", "-1"), "--seed -1 must be 0 or more"),
+])
+def test_numbers_that_are_not_numbers(existing_runs, args, fragment):
+    before = snapshot(existing_runs)
+    assert_one_line_error(edgetrain("run", "lenet", *args, "--runs-dir", str(existing_runs)), fragment, code=2)
+    assert snapshot(existing_runs) == before
+
+
+def test_a_non_blocking_terminal_left_by_a_killed_ssh_does_not_matter(existing_runs):
+    read, write = os.pipe()
+    os.set_blocking(read, False)  # as a killed ssh leaves a shared terminal
+    try:
+        r = subprocess.run([sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "0", "--runs-dir", str(existing_runs)],
+                           stdin=read, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(read)
+        os.close(write)
+    # The inventory was read (Ansible needs blocking IO); the error is the one about --np.
+    assert_one_line_error(r, "--np 0", code=2)

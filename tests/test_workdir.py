@@ -95,3 +95,20 @@ def test_materialize_keeps_what_the_script_wrote_and_refuses_a_damaged_store(pro
     (dest / "lib/model.py").unlink()
     with pytest.raises(EdgetrainError, match="file store is damaged"):
         workdir.materialize(m, store, dest)
+
+
+def test_a_node_can_send_only_what_was_asked_for(tmp_path):
+    """A node's run directory holding a link among its rank logs and a run.json of its own."""
+    node = tmp_path / "node-run"
+    node.mkdir()
+    (node / "rank.0.log").write_text("rank 0\n")
+    (node / "rank.1.log").symlink_to("/etc/passwd")
+    (node / "run.json").write_text('{"status": "completed"}')
+    dest = tmp_path / "controller-run"
+    dest.mkdir()
+    (dest / "run.json").write_text('{"status": "failed"}')
+    with Nodes() as nodes:
+        refused = nodes.fetch(LOCAL, str(node), ["rank.*.log", "run.json"], dest)
+    assert (dest / "rank.0.log").read_text() == "rank 0\n"
+    assert not (dest / "rank.1.log").exists() and (dest / "run.json").read_text() == '{"status": "failed"}'
+    assert sorted(refused) == ["rank.1.log (a link or special file)", "run.json (not asked for)"]

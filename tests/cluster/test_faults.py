@@ -184,3 +184,17 @@ def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(
         report["fault: rank-0 node's disk full during a checkpoint"] = f"named on node1; resumed from epoch {resumed}"
     finally:
         run(*mount, "umount", runs_dir, check=False)
+
+
+def test_a_login_shell_that_prints_text_fails_preflight_with_the_fix(faults):
+    bashrc = f"{faults.bed.state.login_home}/.bashrc"
+    node2 = faults.bed.state.nodes[1]
+    faults.bed.ssh(node2, f"echo 'echo Welcome to node2' >> {bashrc}")
+    try:
+        r = edgetrain("doctor", "-i", faults.inventory, env=faults.env)
+    finally:
+        faults.bed.ssh(node2, f"rm -f {bashrc}")
+    assert r.returncode == 1
+    row = next(line for line in r.stdout.splitlines() if line.split()[:2] == ["node2", "ssh"])
+    assert "FAIL" in row and "prints text" in row and "interactive" in row, row
+    assert faults.leftovers() == {}
