@@ -55,12 +55,26 @@ def test_mpirun_reaches_three_distinct_hosts(converged, testbed):
     assert sorted(out.stdout.split()) == ["node1", "node2", "node3"]
 
 
-def test_ssh_mesh_node_to_node_without_prompt(converged, testbed):
-    _, second, third = testbed.state.nodes
-    out = testbed.as_mpi_user(second, "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes node3 hostname")
+def test_head_reaches_every_node_and_only_head_holds_the_cluster_key(converged, testbed):
+    head, second, third = testbed.state.nodes
+    out = testbed.as_mpi_user(head, "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes node3 hostname")
     assert out.stdout.strip() == third.name
-    mode = testbed.ssh(second, f"stat -c %a ~{testbed.state.mpi_user}/.ssh/id_ed25519").stdout.strip()
+    mode = testbed.ssh(head, f"stat -c %a ~{testbed.state.mpi_user}/.ssh/id_ed25519").stdout.strip()
     assert mode == "600"
+    key = f"~{testbed.state.mpi_user}/.ssh/id_ed25519"
+    assert testbed.ssh(second, f"test -e {key}", check=False).returncode == 1, "a worker holds the cluster's private key"
+    authorized = testbed.ssh(third, f"cat ~{testbed.state.mpi_user}/.ssh/authorized_keys").stdout
+    assert f'from="{head.address},127.0.0.1"' in authorized
+    # With head's key, but from node2's address, node3 refuses: the key is head's alone. (The testbed's
+    # directory is one for all nodes, so the copy is there on node2 too.)
+    stolen = f"{testbed.state.dir}/stolen-key"
+    user = testbed.state.mpi_user
+    testbed.ssh(head, f"install -o {user} -m 600 {key} {stolen}")
+    try:
+        tried = testbed.as_mpi_user(second, f"ssh -i {stolen} -o BatchMode=yes -o StrictHostKeyChecking=yes node3 true", check=False)
+        assert tried.returncode == 255 and "Permission denied" in tried.stderr, tried.stderr
+    finally:
+        testbed.ssh(head, f"rm -f {stolen}", check=False)
 
 
 def test_private_key_never_printed(converged, testbed):
