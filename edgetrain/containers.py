@@ -168,7 +168,7 @@ class Containers:
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.lease",
                                     f"{RUN_MOUNT}/{LEASE_FILE}", str(host.lease_seconds)], "starting the container's lease")
-            self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"cat > {RUN_AS}"],
+            self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"mkdir -p {posixpath.dirname(RUN_AS)} && cat > {RUN_AS}"],
                              "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
         except EdgetrainError as exc:
             return exc
