@@ -4,6 +4,12 @@ Builds never reach a Python package index: the controller downloads a wheelhouse
 platform (``pip download --platform``), and the image installs from it with ``--no-index``. Only
 the distribution's package mirror is used inside the build. Nodes receive images over SSH
 (``docker save | ssh node docker load``), so no registry is needed anywhere.
+
+The controller's own engine (``DOCKER_HOST`` or the default socket) is driven through the Docker
+SDK for Python: builds (their log streamed, each step reported as progress), inspection, labels and
+``save``. Nodes are reached with ssh exactly as Ansible reaches them and run the ``docker`` CLI
+there: the SDK's ``ssh://`` transport cannot take the inventory's per-host key, port and ssh
+arguments (docs/images.md).
 """
 
 from __future__ import annotations
@@ -15,15 +21,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from email.parser import Parser
 from pathlib import Path
 from typing import IO
 
+import docker
+import docker.errors
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from platformdirs import user_cache_path
@@ -238,23 +249,159 @@ def prepare_wheelhouse(tgt: Target, cache_dir: Path, log: Log = print) -> Wheelh
     return Wheelhouse(root, wheels, project_wheel, reused=False)
 
 
-# --- base image ---------------------------------------------------------------------------------
+# --- this machine's engine, through the Docker SDK ----------------------------------------------
+
+_ENGINES: dict[tuple[str | None, ...], docker.DockerClient] = {}
+ENGINE_FIX = "start the Docker engine (systemctl start docker) or point DOCKER_HOST at one"
 
 
-def _docker(args: list[str], what: str, fix: str | None = None) -> str:
-    return _run(["docker", *args], what, fix or "check that a Docker engine is reachable (docker info)").stdout.strip()
+def engine() -> docker.DockerClient:
+    """A client of this machine's engine, as the docker CLI would pick it (DOCKER_HOST, TLS vars)."""
+    key = tuple(os.environ.get(name) for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"))
+    client = _ENGINES.get(key)
+    if client is None:
+        where = os.environ.get("DOCKER_HOST") or "the default socket"
+        try:
+            client = docker.from_env(timeout=600)
+        except docker.errors.DockerException as e:
+            raise EdgetrainError(f"cannot reach this machine's Docker engine ({where}): {e}", ENGINE_FIX) from None
+        _ENGINES[key] = client
+    return client
 
 
-def _image_inspect(ref: str, fmt: str) -> str | None:
-    proc = subprocess.run(["docker", "image", "inspect", "--format", fmt, ref], capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+def _inspect(ref: str) -> dict | None:
+    """``docker image inspect`` of this machine's engine; None when it has no such image."""
+    try:
+        return engine().api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as e:
+        raise EdgetrainError(f"inspecting {ref} in this machine's Docker engine failed: {e.explanation or e}", ENGINE_FIX) from None
+    except docker.errors.DockerException as e:  # engine gone, socket refused
+        raise EdgetrainError(f"cannot reach this machine's Docker engine: {e}", ENGINE_FIX) from None
+
+
+def image_labels(ref: str) -> dict[str, str] | None:
+    """The labels of an image in this machine's engine (empty when it has none); None without it."""
+    found = _inspect(ref)
+    return None if found is None else dict((found.get("Config") or {}).get("Labels") or {})
 
 
 def local_image_id(ref: str) -> str | None:
-    """The image ID this machine's engine holds for ``ref``; None without the image, engine or CLI."""
-    if shutil.which("docker") is None:
+    """The image ID this machine's engine holds for ``ref``; None without the image or the engine."""
+    try:
+        found = _inspect(ref)
+    except EdgetrainError:
         return None
-    return _image_inspect(ref, "{{.Id}}")
+    return found["Id"] if found else None
+
+
+def _tar_stream(context: Path) -> Iterator[bytes]:
+    """The build context as a tar stream, written by a thread as the engine reads it (the wheelhouse
+    is gigabytes: no temporary archive)."""
+    read_fd, write_fd = os.pipe()
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for path in sorted(context.rglob("*")):
+                    tar.add(path, arcname=path.relative_to(context).as_posix(), recursive=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the reading side
+            failed.append(e)
+
+    writer = threading.Thread(target=write, name="build-context", daemon=True)
+    writer.start()
+    with os.fdopen(read_fd, "rb") as pipe:
+        while chunk := pipe.read(1 << 20):
+            yield chunk
+    writer.join()
+    if failed and not isinstance(failed[0], BrokenPipeError):
+        raise EdgetrainError(f"packing the build context {context} failed: {failed[0]}")
+
+
+def _elapsed(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def _verbatim(log: Log | None) -> Log | None:
+    """``log`` for text that is not markup: a Dockerfile line like ``CMD [/bin/sh]`` must print as
+    written through a rich console (the CLI's), and not wrap mid-line."""
+    console = getattr(log, "__self__", None)
+    if log is not None and type(console).__module__.split(".")[0] == "rich":
+        return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
+    return log
+
+
+def engine_build(
+    context: Path,
+    *,
+    tag: str,
+    platform: str,
+    dockerfile: str = "Dockerfile",
+    buildargs: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    network_mode: str | None = None,
+    log: Log | None = print,
+    output: IO[str] | None = None,
+) -> str:
+    """Build ``context`` in this machine's engine; the image ID.
+
+    The engine's log goes to ``output`` (default: standard output) as it comes, line by line, and
+    every ``Step N/M`` is also reported through ``log`` with the time so far: the progress of a
+    build that runs for many minutes. A failed step raises EdgetrainError with the engine's message.
+    """
+    start = time.monotonic()
+    log = _verbatim(log)
+    sink = output if output is not None else sys.stdout
+    tail: deque[str] = deque(maxlen=5)
+    image_id = None
+    pending = ""
+
+    def line_out(line: str) -> None:
+        if line.startswith("Step ") and log is not None:
+            log(f"{tag} {_elapsed(time.monotonic() - start)} {line}")
+            if output is None:
+                return
+        sink.write(line + "\n")
+        sink.flush()
+        if line.strip():
+            tail.append(line.strip())
+
+    try:
+        stream = engine().api.build(
+            fileobj=_tar_stream(context), custom_context=True, dockerfile=dockerfile, tag=tag, platform=platform,
+            buildargs=buildargs or {}, labels=labels, network_mode=network_mode, rm=True, forcerm=True,
+            decode=True, timeout=None,
+        )
+        for chunk in stream:
+            if "error" in chunk:
+                if pending:
+                    line_out(pending)
+                error = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
+                raise EdgetrainError(f"docker build of {tag} failed: {error.strip()}", "see the build log above")
+            if "stream" in chunk:
+                pending += chunk["stream"]
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    line_out(line)
+            elif "status" in chunk:  # pulls: "id: status progress"
+                line_out(" ".join(str(chunk[k]) for k in ("id", "status", "progress") if chunk.get(k)))
+            elif "ID" in (chunk.get("aux") or {}):
+                image_id = chunk["aux"]["ID"]
+        if pending:
+            line_out(pending)
+    except docker.errors.APIError as e:
+        raise EdgetrainError(f"docker build of {tag} failed: {e.explanation or e}", ENGINE_FIX) from None
+    except docker.errors.DockerException as e:
+        raise EdgetrainError(f"cannot reach this machine's Docker engine: {e}", ENGINE_FIX) from None
+    found = _inspect(tag)
+    if found is None or (image_id and found["Id"] != image_id):
+        raise EdgetrainError(f"docker build of {tag} ended without the image ({' | '.join(tail) or 'no output'})", "see the build log above")
+    return found["Id"]
+
+
+# --- base image ---------------------------------------------------------------------------------
 
 
 def base_tag(tgt: Target, suite: str = DEBIAN_SUITE) -> str:
@@ -279,7 +426,7 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
     """
     if not tgt.debootstrap_base:
         raise EdgetrainError(f"the {tgt.name} image builds on an NVIDIA CUDA base, not on Debian", "load the CUDA base image into the engine (docker load) and pass --base-image")
-    _need("docker", "docker.io")
+    engine()
     tag = base_tag(tgt, suite)
     tarball = cache_dir / "base" / f"{suite}-{tgt.docker_arch}.tar"
     sha_file = tarball.with_suffix(".tar.sha256")
@@ -308,7 +455,7 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
             partial.rename(tarball)
         sha = _sha256(tarball)
         sha_file.write_text(sha + "\n")
-    if _image_inspect(tag, "{{index .Config.Labels \"" + BASE_SHA_LABEL + "\"}}") == sha:
+    if (image_labels(tag) or {}).get(BASE_SHA_LABEL) == sha:
         log(f"base {tag}: present, rootfs sha256 {sha[:12]} matches")
         return tag
     # A build FROM scratch rather than `docker import`: engines before 23 ignore import's
@@ -317,10 +464,8 @@ def make_base(tgt: Target, cache_dir: Path, mirror: str = DEFAULT_DEBIAN_MIRROR,
         context = Path(tmp)
         os.link(tarball, context / "rootfs.tar")
         (context / "Dockerfile").write_text('FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n')
-        _docker(
-            ["build", "-q", "--platform", tgt.platform, "--label", f"{BASE_SHA_LABEL}={sha}", "-t", tag, str(context)],
-            "importing the base image",
-        )
+        with open(os.devnull, "w") as quiet:
+            engine_build(context, tag=tag, platform=tgt.platform, labels={BASE_SHA_LABEL: sha}, log=None, output=quiet)
     log(f"base {tag}: imported from {tarball.name} (sha256 {sha[:12]})")
     return tag
 
@@ -372,10 +517,10 @@ def build(
     dockerfile = project_root() / "images" / tgt.dockerfile
     if not dockerfile.exists():
         raise EdgetrainError(f"{dockerfile} not found", "run image builds from an edgetrain source checkout")
-    _need("docker", "docker.io")
+    engine()
     _require_emulation(tgt)
     tag = tag or tgt.tag
-    if base_image is None and tgt.debootstrap_base and _image_inspect(base_tag(tgt), "{{.Id}}"):
+    if base_image is None and tgt.debootstrap_base and _inspect(base_tag(tgt)):
         base_image = base_tag(tgt)
     wheelhouse = prepare_wheelhouse(tgt, cache_dir, log)
     pins = pinned_versions(constraints_file())
@@ -396,17 +541,15 @@ def build(
         _link_tree(wheelhouse.project_wheel.parent, context / "project")
         shutil.copytree(dockerfile.parent, context / "images")
         shutil.copy2(constraints_file(), context / "constraints.txt")
-        cmd = ["docker", "build", "--network", "host", "--platform", tgt.platform, "-f", str(dockerfile), "-t", tag]
-        for name, value in args.items():
-            if value:
-                cmd += ["--build-arg", f"{name}={value}"]
         log(f"building {tag} ({tgt.platform}) from {base_image or 'the Dockerfile default base'}")
         # Streamed (to the console unless ``output`` is given), never held back: a cold build
         # takes minutes and its log is the progress report.
-        if subprocess.run([*cmd, str(context)], stdout=output, stderr=subprocess.STDOUT if output else None).returncode != 0:
-            raise EdgetrainError(f"docker build of {tag} failed (see the build log above)")
+        image_id = engine_build(
+            context, tag=tag, platform=tgt.platform, dockerfile=f"images/{tgt.dockerfile}",
+            buildargs={name: value for name, value in args.items() if value}, network_mode="host", log=log, output=output,
+        )
     seconds = time.monotonic() - start
-    image_id, size = _image_inspect(tag, "{{.Id}} {{.Size}}").split()
+    size = _inspect(tag)["Size"]
     return BuildResult(tag, image_id, int(size), seconds, base_image)
 
 
@@ -437,7 +580,8 @@ def _node_image_id(host: Host, ref: str) -> str | None:
 
 def docker_hosts(inventory: Inventory) -> list[Host]:
     hosts = [h for h in inventory.hosts if h.runtime == "docker"]
-    _need("docker", "docker.io")
+    if any(h.is_local for h in hosts):
+        _need("docker", "docker.io")
     if any(not h.is_local for h in hosts):
         _need("ssh", "openssh-client")
     return hosts
@@ -483,14 +627,38 @@ class Shipment:
 
 
 def _local_image(tag: str, for_hosts: Iterable[Host]) -> tuple[str, str]:
-    found = _image_inspect(tag, "{{.Id}} {{.Architecture}}")
+    found = _inspect(tag)
     if found is None:
         names = ", ".join(h.name for h in for_hosts)
         arch = tag.rsplit("-", 1)[-1]
         fix = f"edgetrain images build --arch {arch}" if arch in TARGETS else f"build or pull {tag} on this machine"
         raise EdgetrainError(f"image {tag} (for {names}) is not in this machine's Docker engine", fix)
-    image_id, arch = found.split()
-    return image_id, arch
+    return found["Id"], found["Architecture"]
+
+
+def _send(tag: str, host: Host) -> None:
+    """``docker save TAG`` from this machine's engine (SDK) into ``docker load`` on the node (ssh + CLI)."""
+    with tempfile.TemporaryFile() as said:
+        load = subprocess.Popen(node_docker(host, ["load"]), stdin=subprocess.PIPE, stdout=said, stderr=said)
+        assert load.stdin is not None
+        problem = None
+        try:
+            for chunk in engine().api.get_image(tag):
+                load.stdin.write(chunk)
+        except BrokenPipeError:
+            problem = "the node's docker load ended early"
+        except docker.errors.DockerException as e:
+            problem = f"docker save failed: {e}"
+        finally:
+            try:
+                load.stdin.close()
+            except BrokenPipeError:
+                pass
+            code = load.wait()
+        said.seek(0)
+        output = said.read().decode(errors="replace").strip()
+    if problem or code != 0:
+        raise EdgetrainError(f"sending {tag} to {host.name} failed: {output or problem}", "check disk space and the Docker engine on the node")
 
 
 def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
@@ -509,11 +677,7 @@ def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
             shipments.append(Shipment(host.name, tag, image_id, loaded=False))
             continue
         log(f"{host.name}: sending {tag} {image_id[7:19]}")
-        save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
-        load = subprocess.run(node_docker(host, ["load"]), stdin=save.stdout, capture_output=True, text=True)
-        save.stdout.close()
-        if save.wait() != 0 or load.returncode != 0:
-            raise EdgetrainError(f"sending {tag} to {host.name} failed: {load.stderr.strip() or 'docker save failed'}", "check disk space and the Docker engine on the node")
+        _send(tag, host)
         have = _node_image_id(host, tag)
         if have != image_id:
             raise EdgetrainError(f"{host.name} holds {tag} as {have}, expected {image_id}", "re-run edgetrain images distribute")

@@ -101,8 +101,12 @@ def test_runtime_image_size_within_target(image):
     assert image.size_bytes <= limit, f"{image.size_bytes / 1e9:.2f} GB > {limit / 1e9:.1f} GB"
 
 
-def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image, tmp_path):
+def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_image, tmp_path, monkeypatch):
     assert images.prepare_wheelhouse(images.TARGETS["amd64"], cache_dir, log=lambda _: None).reused
+    # The revision label of the session's image: a commit made meanwhile (the tree is shared with
+    # other work) relabels an image but says nothing about whether its layers are reproducible.
+    labels = images.image_labels(amd64_image.tag)
+    monkeypatch.setattr(images, "git_revision", lambda: labels["org.opencontainers.image.revision"])
     log = tmp_path / "build.log"
     # Its own tag: a moved HEAD relabels the image, and the session's image must stay what it was.
     tag = f"{amd64_image.tag}-rebuild"

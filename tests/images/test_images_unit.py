@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import io
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -134,3 +136,108 @@ def test_cuda_library_versions_decode():
     assert check.nccl_version(21605) == "2.16.5"
     assert check.nccl_version(22809) == "2.28.9"
 
+
+# --- this machine's engine through the Docker SDK (a scripted engine; the real one in test_build.py)
+
+
+def test_tar_stream_carries_the_context(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "Dockerfile.cuda").write_text("FROM scratch\n")
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "a.whl").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several pipe chunks
+    data = b"".join(images._tar_stream(tmp_path))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert sorted(tar.getnames()) == ["images", "images/Dockerfile.cuda", "wheels", "wheels/a.whl"]
+        assert tar.extractfile("wheels/a.whl").read() == bytes(range(256)) * 8192
+
+
+# What the engine streamed for a two-step build (captured from Docker 20.10 through the SDK, decoded).
+BUILD_STREAM = [
+    {"stream": "Step 1/2 : FROM edgetrain-base:bookworm-amd64"}, {"stream": "\n"}, {"stream": " ---> b88f305f4da8\n"},
+    {"stream": "Step 2/2 : RUN echo hi"}, {"stream": "\n"}, {"stream": " ---> Running in ca1be63a51a1\n"},
+    {"stream": "hi\n"}, {"stream": "Removing intermediate container ca1be63a51a1\n"}, {"stream": " ---> 3b4fa727b28d\n"},
+    {"aux": {"ID": "sha256:3b4fa727b28dcc4796f74ba939b8007821a89ddc2064373ba48733a056ebbe50"}},
+    {"stream": "Successfully built 3b4fa727b28d\n"}, {"stream": "Successfully tagged edgetrain-test:1\n"},
+]
+BUILD_FAILURE = [
+    {"stream": "Step 1/1 : RUN false"}, {"stream": "\n"}, {"stream": " ---> Running in d188308dca73\n"},
+    {"errorDetail": {"code": 1, "message": "The command '/bin/sh -c false' returned a non-zero code: 1"},
+     "error": "The command '/bin/sh -c false' returned a non-zero code: 1"},
+]
+
+
+class ScriptedApi:
+    def __init__(self, chunks, images_held):
+        self.chunks, self.images_held, self.calls = chunks, images_held, []
+
+    def build(self, **kw):
+        # The engine reads the whole context before it starts; so does this one.
+        kw["context"] = tarfile.open(fileobj=io.BytesIO(b"".join(kw.pop("fileobj"))))
+        self.calls.append(kw)
+        return iter(self.chunks)
+
+    def inspect_image(self, ref):
+        if ref not in self.images_held:
+            raise images.docker.errors.ImageNotFound(f"No such image: {ref}")
+        return self.images_held[ref]
+
+
+@pytest.fixture
+def scripted_engine(monkeypatch):
+    def install(chunks, held):
+        api = ScriptedApi(chunks, held)
+        monkeypatch.setattr(images, "engine", lambda: type("Client", (), {"api": api})())
+        return api
+    return install
+
+
+def test_engine_build_streams_the_log_and_reports_steps(tmp_path, scripted_engine):
+    (tmp_path / "Dockerfile").write_text("FROM edgetrain-base:bookworm-amd64\nRUN echo hi\n")
+    image_id = BUILD_STREAM[9]["aux"]["ID"]
+    api = scripted_engine(BUILD_STREAM, {"edgetrain-test:1": {"Id": image_id, "Size": 1}})
+    out, progress = io.StringIO(), []
+    got = images.engine_build(tmp_path, tag="edgetrain-test:1", platform="linux/amd64", buildargs={"A": "1"},
+                              labels={"l": "v"}, log=progress.append, output=out)
+    assert got == image_id
+    # The log file reads like `docker build`'s: what test_build.py's cache check parses.
+    assert out.getvalue().splitlines() == [
+        "Step 1/2 : FROM edgetrain-base:bookworm-amd64", " ---> b88f305f4da8", "Step 2/2 : RUN echo hi",
+        " ---> Running in ca1be63a51a1", "hi", "Removing intermediate container ca1be63a51a1", " ---> 3b4fa727b28d",
+        "Successfully built 3b4fa727b28d", "Successfully tagged edgetrain-test:1",
+    ]
+    assert [p.split(" ", 2)[2] for p in progress] == ["Step 1/2 : FROM edgetrain-base:bookworm-amd64", "Step 2/2 : RUN echo hi"]
+    assert all(p.startswith("edgetrain-test:1 0m0") for p in progress)
+    (call,) = api.calls
+    assert call["context"].getnames() == ["Dockerfile"]
+    assert (call["tag"], call["platform"], call["buildargs"], call["labels"], call["dockerfile"]) == (
+        "edgetrain-test:1", "linux/amd64", {"A": "1"}, {"l": "v"}, "Dockerfile")
+    # Intermediate containers go even when a step fails; no read timeout on a long, quiet step.
+    assert (call["rm"], call["forcerm"], call["decode"], call["timeout"]) == (True, True, True, None)
+
+
+def test_engine_build_failure_names_the_step_error(tmp_path, scripted_engine):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    scripted_engine(BUILD_FAILURE, {})
+    out = io.StringIO()
+    with pytest.raises(EdgetrainError) as e:
+        images.engine_build(tmp_path, tag="edgetrain-test:2", platform="linux/amd64", log=None, output=out)
+    assert str(e.value) == ("docker build of edgetrain-test:2 failed: The command '/bin/sh -c false' returned a non-zero code: 1"
+                            " - see the build log above")
+    assert out.getvalue().splitlines()[-1] == " ---> Running in d188308dca73"
+
+
+def test_labels_and_ids_through_the_sdk(scripted_engine):
+    scripted_engine([], {"edgetrain:x": {"Id": "sha256:ab", "Architecture": "amd64", "Config": {"Labels": {"org.edgetrain.cuda.version": "12.2"}}},
+                         "bare:1": {"Id": "sha256:cd", "Config": {"Labels": None}}})
+    assert images.image_labels("edgetrain:x") == {"org.edgetrain.cuda.version": "12.2"}
+    assert images.image_labels("bare:1") == {}
+    assert images.image_labels("missing:1") is None
+    assert images.local_image_id("edgetrain:x") == "sha256:ab"
+    assert images.local_image_id("missing:1") is None
+
+
+def test_no_engine_is_one_line_with_the_fix(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/edgetrain-test.sock")
+    assert images.local_image_id("edgetrain:x") is None
+    with pytest.raises(EdgetrainError, match=r"^cannot reach this machine's Docker engine \(unix:///nonexistent/edgetrain-test.sock\): .* - start the Docker engine"):
+        images.engine()
