@@ -126,6 +126,9 @@ class Containers:
         self.node_run_dirs = node_run_dirs
         self.name = f"edgetrain-{run_id}"
         self.listen: dict[str, str | None] = {}
+        # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
+        # them, their containers end themselves when the lease runs out.
+        self.unreachable: set[str] = set()
         self._renewing = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -213,11 +216,19 @@ class Containers:
 
     def states(self) -> list[NodeState]:
         def one(host: Host) -> NodeState:
-            proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name], timeout=30)
+            try:
+                proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name], timeout=30)
+            except EdgetrainError as exc:
+                self.unreachable.add(host.name)
+                return NodeState(host, False, f"unreachable: {exc.problem}")
             if proc.returncode != 0:
                 err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-                reachable = proc.returncode != 255 or host.is_local
-                return NodeState(host, False, f"container gone ({err})" if reachable else f"unreachable: {err}")
+                if proc.returncode == 255 and not host.is_local:
+                    self.unreachable.add(host.name)
+                    return NodeState(host, False, f"unreachable: {err}")
+                self.unreachable.discard(host.name)
+                return NodeState(host, False, f"container gone ({err})")
+            self.unreachable.discard(host.name)
             running, code, oom = proc.stdout.split()
             if running == "true":
                 return NodeState(host, True, "")
@@ -228,6 +239,9 @@ class Containers:
         """Remove the run's container on every node it may be on; the nodes where that failed
         (their containers end by themselves once the lease, no longer renewed, runs out)."""
         self._renewing.set()
+        lost = [h for h in self.plan.hosts if h.name in self.unreachable]
+        left = [f"{h.name}: unreachable; its container stops itself once its lease runs out ({h.lease_seconds} s)" for h in lost]
+
         def one(host: Host) -> str | None:
             try:
                 proc = self.nodes.run(host, ["docker", "rm", "--force", self.name], timeout=60)
@@ -236,12 +250,13 @@ class Containers:
             if proc.returncode == 0 or "No such container" in proc.stderr:
                 return None
             return f"{host.name}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
-        failed = [f for f in self._each(one) if f]
+        reachable = [h for h in self.plan.hosts if h not in lost]
+        failed = [f for f in self._each(one, reachable) if f]
         if failed:
             # A removal already in progress (the run's watcher) or a busy engine: one more pass.
             time.sleep(2)
-            failed = [f for f in self._each(one) if f]
-        return failed
+            failed = [f for f in self._each(one, reachable) if f]
+        return left + failed
 
 
 def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:

@@ -282,7 +282,11 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     )
 class _Watch(threading.Thread):
     """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
-    seconds), a node unreachable for ``hang_timeout``, or no output at all for ``hang_timeout``."""
+    seconds), a node unreachable on two checks in a row, or no output at all for ``hang_timeout``.
+
+    A check of an unreachable node takes ssh's keepalive or connect timeout (about 15 s), so two
+    of them mean a node out of reach for half a minute: Hydra's own ssh gives up after 15 s, and
+    MPICH cannot carry on without the node anyway."""
 
     def __init__(self, launch: Launch, hang_timeout: float, interval: float = 2.0) -> None:
         super().__init__(daemon=True)
@@ -296,7 +300,7 @@ class _Watch(threading.Thread):
         self.launch.runtime.stop()
 
     def run(self) -> None:
-        unreachable_since: dict[str, float] = {}
+        unreachable: set[str] = set()
         while not self.finished.wait(self.interval):
             now = time.monotonic()
             if now - self.last_output > self.hang_timeout:
@@ -309,15 +313,13 @@ class _Watch(threading.Thread):
                 return
             for st in states:
                 if st.alive:
-                    unreachable_since.pop(st.host.name, None)
+                    unreachable.discard(st.host.name)
                 elif st.detail.startswith("unreachable"):
-                    since = unreachable_since.setdefault(st.host.name, now)
-                    if now - since > self.hang_timeout:
-                        return self._fail(st.host, f"{st.detail} for {now - since:.0f} s")
+                    if st.host.name in unreachable:
+                        return self._fail(st.host, f"{st.detail} (out of reach on two checks in a row)")
+                    unreachable.add(st.host.name)
                 else:
                     return self._fail(st.host, st.detail)
-
-
 
 
 def _rank_pids(run: runs.Run) -> dict[str, list[tuple[int, str]]]:
@@ -454,10 +456,16 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
             # Hydra often ends first when a node goes (its ssh connection closes), sometimes before
             # Docker has recorded the container's end: look for the dead one for a few seconds.
             deadline = time.monotonic() + 5
-            while watch.failure is None and time.monotonic() < deadline and rt.states():
-                dead = [st for st in rt.states() if not st.alive]
+            while watch.failure is None and time.monotonic() < deadline:
+                try:
+                    states = rt.states()
+                except EdgetrainError:
+                    break
+                dead = [st for st in states if not st.alive]
                 if dead:
                     watch.failure = (dead[0].host, dead[0].detail)
+                elif not states:
+                    break  # nothing to watch (the host runtime)
                 else:
                     time.sleep(0.5)
         state = State.COMPLETED if code == 0 and watch.failure is None else State.FAILED

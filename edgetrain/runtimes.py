@@ -223,6 +223,9 @@ class DockerRuntime(Runtime):
             failed = self.containers.remove()
             dirs = self.node_run_dirs(run)
             for host in self.plan.hosts:
+                if host.name in self.containers.unreachable:
+                    failed.append(f"{host.name}: rank logs not copied (unreachable); they stay in {dirs[host.name]} there")
+                    continue
                 names = ["rank.*.log", "rank.*.failure.json", "rank.*.ended"]
                 if host is self.plan.head:
                     names += ["metrics.jsonl", "outputs.json"]
