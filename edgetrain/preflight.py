@@ -119,7 +119,7 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
         return rep
     if step("docker", engine) and step("image", image) and host.is_gpu:
         # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
-        step("gpu", lambda: gpu.check_host(nodes, host).summary())
+        step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
     for dataset in wanted:
         step("dataset", data(dataset))
     step("disk", disk)

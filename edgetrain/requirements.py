@@ -9,6 +9,7 @@ node image from wheels downloaded here, and preflight checks inside each node's 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 import shutil
@@ -116,9 +117,8 @@ def fix_command(arch: str, path: Path | str) -> str:
 
 def build_image(arch: str, base_tag: str, path: Path, log: Callable[[str], None], tag: str | None = None) -> str:
     """Layer the requirements onto ``base_tag``: wheels downloaded here for the image's platform,
-    installed in the image with no index. Tagged ``tag`` (default: the base's own tag)."""
-    import docker  # the controller's engine, through the SDK
-
+    installed in the image with no index, built in this machine's engine. Tagged ``tag`` (default:
+    the base's own tag)."""
     lines = read(path)
     tgt = images.target(arch)
     with tempfile.TemporaryDirectory(prefix="edgetrain-requirements-") as tmp:
@@ -135,16 +135,8 @@ def build_image(arch: str, base_tag: str, path: Path, log: Callable[[str], None]
             raise _not_found(proc.stdout + proc.stderr, path)
         tag = tag or base_tag
         log(f"building {tag} from {base_tag} with {', '.join(lines)}")
-        client = docker.from_env()
-        try:
-            for chunk in client.api.build(path=str(context), tag=tag, buildargs={"BASE_IMAGE": base_tag}, rm=True,
-                                          labels={LABEL: digest(lines)}, platform=tgt.platform, decode=True):
-                if "error" in chunk:
-                    raise EdgetrainError(f"building {tag} failed: {chunk['error'].strip()}")
-                line = chunk.get("stream", "").rstrip()
-                if line.startswith("Step "):
-                    log(line)
-        finally:
-            client.close()
+        with open(os.devnull, "w") as quiet:  # the steps are reported through log
+            images.engine_build(context, tag=tag, platform=tgt.platform, buildargs={"BASE_IMAGE": base_tag},
+                                labels={LABEL: digest(lines)}, log=log, output=quiet)
     return tag
 

@@ -11,6 +11,7 @@ list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import runpy
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
             link_datasets(args.data, keras_home())
         if args.strategy == "tf-multiworker":
             os.environ["TF_CONFIG"] = tf_config(args.tf_workers.split(","), rank)
+            # One GPU per worker, as Horovod ranks get with pin_gpu: the node's n-th worker the n-th GPU.
+            if "CUDA_VISIBLE_DEVICES" not in os.environ and glob.glob("/dev/nvidia[0-9]*"):
+                os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MPI_LOCALRANKID", "0")
         if args.module:
             sys.argv = [args.program, *args.args]
             runpy.run_module(args.program, run_name="__main__", alter_sys=True)
