@@ -113,7 +113,10 @@ def link_datasets(data: Path, keras_home: Path) -> list[str]:
             if src.is_file() and not dst.exists():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.unlink(missing_ok=True)  # a dangling link from an older run
-                dst.symlink_to(src.resolve())
+                try:
+                    dst.symlink_to(src.resolve())
+                except FileExistsError:
+                    pass  # another rank of this node, sharing the cache, made it just now
                 linked.append(dataset)
     return sorted(set(linked))
 

@@ -112,6 +112,24 @@ def converged(playbook, site_vars):
     return result
 
 
+# Opt-in, not skipped: measurements for the reports, not checks; `pytest -m bench tests/cluster`.
+OPT_IN = {"bench": "a measurement on the testbed, reported, not asserted (opt-in: -m bench)"}
+
+
+def pytest_configure(config) -> None:
+    for name, text in OPT_IN.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    asked = config.option.markexpr or ""
+    unasked = [name for name in OPT_IN if name not in asked]
+    kept = [item for item in items if not any(item.get_closest_marker(name) for name in unasked)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 FIGURES: dict[str, str] = {}
 
 
@@ -143,8 +161,8 @@ class Cluster:
         """edgetrain's directory in the login user's home, private to each node."""
         return f"{self.bed.state.login_home}/edgetrain"
 
-    def docker_inventory(self, name: str, **extra) -> str:
-        """An inventory of the nodes as a container cluster (node1 with 2 slots)."""
+    def docker_inventory(self, name: str, head_slots: int = 2, **extra) -> str:
+        """An inventory of the nodes as a container cluster (node1 with 2 slots unless told)."""
         return self.bed.write_inventory(
             {
                 "edgetrain_runtime": "docker",
@@ -154,7 +172,7 @@ class Cluster:
                 "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
                 **extra,
             },
-            host_vars={self.bed.state.head.name: {"edgetrain_slots": 2}},
+            host_vars={self.bed.state.head.name: {"edgetrain_slots": head_slots}},
             name=name,
         )
 

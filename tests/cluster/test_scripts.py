@@ -137,6 +137,7 @@ def test_a_dataset_a_node_lacks_is_a_preflight_error_naming_it(cluster):
 
 
 
+@pytest.mark.bench
 def test_the_same_model_trains_with_horovod_and_with_multiworker(cluster, report):
     """LeNet both ways across the nodes: both complete and move gradients over the links; their
     images/s and link bytes are reported side by side (figures, not assertions: 2 cores serve all nodes)."""
