@@ -23,6 +23,28 @@ from tests import docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Opt-in, not skipped: far longer than the rest of the suite, or a measurement to report rather
+# than a check. Each runs only when its marker is named in -m.
+OPT_IN = {
+    "arm64": "builds and checks the arm64 image under qemu (opt-in: -m arm64)",
+    "cuda": "builds and checks the CUDA image offline, without a GPU (opt-in: -m cuda)",
+    "bench": "a measurement on the testbed, reported, not asserted (opt-in: -m bench)",
+}
+
+
+def pytest_configure(config) -> None:
+    for name, text in OPT_IN.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    asked = config.option.markexpr or ""
+    unasked = [name for name in OPT_IN if name not in asked]
+    kept = [item for item in items if not any(item.get_closest_marker(name) for name in unasked)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):

@@ -112,24 +112,6 @@ def converged(playbook, site_vars):
     return result
 
 
-# Opt-in, not skipped: measurements for the reports, not checks; `pytest -m bench tests/cluster`.
-OPT_IN = {"bench": "a measurement on the testbed, reported, not asserted (opt-in: -m bench)"}
-
-
-def pytest_configure(config) -> None:
-    for name, text in OPT_IN.items():
-        config.addinivalue_line("markers", f"{name}: {text}")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    asked = config.option.markexpr or ""
-    unasked = [name for name in OPT_IN if name not in asked]
-    kept = [item for item in items if not any(item.get_closest_marker(name) for name in unasked)]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
-
-
 FIGURES: dict[str, str] = {}
 
 

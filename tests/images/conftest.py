@@ -8,17 +8,6 @@ import pytest
 from edgetrain import images
 from tests.conftest import build_target
 
-# Opt-in, not skipped: each of these builds takes far longer than the rest of the suite.
-OPT_IN = {
-    "arm64": "builds and checks the arm64 image under qemu (opt-in: -m arm64)",
-    "cuda": "builds and checks the CUDA image offline, without a GPU (opt-in: -m cuda)",
-}
-
-
-def pytest_configure(config) -> None:
-    for name, text in OPT_IN.items():
-        config.addinivalue_line("markers", f"{name}: {text}")
-
 
 @pytest.fixture(scope="session")
 def cuda_built(engine, cache_dir) -> images.BuildResult:
@@ -36,12 +25,3 @@ def image(request, engine, cache_dir) -> images.BuildResult:
     if request.param == "cuda":
         return request.getfixturevalue("cuda_built")
     return build_target(request.param, engine, cache_dir)
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    asked = config.option.markexpr or ""
-    skipped = [name for name in OPT_IN if name not in asked]
-    kept = [item for item in items if not any(item.get_closest_marker(name) for name in skipped)]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
