@@ -198,6 +198,9 @@ def prepare(req: RunRequest) -> Launch:
     plan = placement.plan(inv, req.np, req.group)
     program.check_ranks(req.np)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
+    if req.resume:
+        # Before the node checks, which would take the live run's own containers for leftovers.
+        runs.find(runs.ensure_writable(req.runs_dir), req.resume).refuse_if_live()
     rt = _runtime(req, inv, plan)
     created: runs.Run | None = None
     lock: runs.RunLock | None = None

@@ -89,13 +89,24 @@ class Run:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another edgetrain"
             os.close(fd)
-            raise EdgetrainError(f"run {self.id} is in use by {holder}",
-                                 "wait for that command to end (a run or resume of the same run cannot go twice)") from None
+            raise self._in_use() from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         return RunLock(fd)
+
+    def _in_use(self) -> EdgetrainError:
+        try:
+            holder = self.lock_file.read_text(errors="replace").strip() or "another edgetrain"
+        except OSError:
+            holder = "another edgetrain"
+        return EdgetrainError(f"run {self.id} is in use by {holder}",
+                              "wait for that command to end (a run or resume of the same run cannot go twice)")
+
+    def refuse_if_live(self) -> None:
+        """Refuse early, without writing anything, a run another command holds."""
+        if self.live():
+            raise self._in_use()
 
     def live(self) -> bool:
         """Whether a command holds the run now."""
