@@ -178,13 +178,15 @@ def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(
     node1 = faults.bed.state.head
     runs_dir = f"{faults.home}/runs"
     user = pwd.getpwnam(faults.bed.state.login_user)
-    # node1's runs directory becomes a small file system of its own; one LeNet checkpoint (~20 MB) fits, two do not.
+    # node1's runs directory becomes a file system of its own, roomy enough for preflight (2 GiB);
+    # once the first checkpoint is written it is filled to 10 MB short, so the second (~20 MB) cannot be.
     mount = ["nsenter", "-t", str(node1.sshd_pid), "--mount"]
-    run(*mount, "mount", "-t", "tmpfs", "-o", f"size=64m,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", runs_dir)
+    run(*mount, "mount", "-t", "tmpfs", "-o", f"size=2100m,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", runs_dir)
     try:
-        run(*mount, "sh", "-c", f"head -c 34000000 /dev/zero > {runs_dir}/filler")
         with LongRun(faults) as job:
             rid = job.checkpoint()
+            free = int(run(*mount, "df", "-B1", "--output=avail", runs_dir).stdout.split()[-1])
+            run(*mount, "sh", "-c", f"head -c {free - 10 * 1024**2} /dev/zero > {runs_dir}/filler")
             code, _, err = job.wait(300)
         assert code == 1
         last = err.strip().splitlines()[-1]
