@@ -40,10 +40,17 @@ def clear(run_dir: Path, rank: int) -> None:
 def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None,
           kind: str = "exception") -> Failure:
     f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind)
-    tmp = run_dir / f".rank.{rank}.failure.json.tmp"
-    tmp.write_text(json.dumps(f.__dict__, indent=1))
-    os.replace(tmp, path(run_dir, rank))
-    print(f"edgetrain: rank {rank} on {host} failed: {error}", flush=True)
+    # A full disk must not keep a failing rank from ending: what cannot be written is given up.
+    try:
+        tmp = run_dir / f".rank.{rank}.failure.json.tmp"
+        tmp.write_text(json.dumps(f.__dict__, indent=1))
+        os.replace(tmp, path(run_dir, rank))
+    except OSError:
+        pass
+    try:
+        print(f"edgetrain: rank {rank} on {host} failed: {error}", flush=True)
+    except OSError:
+        pass
     return f
 
 

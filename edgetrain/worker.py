@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> None:
             code = exc.code if isinstance(exc.code, int) else 1
             failures.write(run_dir, rank, host, f"the program exited with status {exc.code}", None, kind="exit")
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass  # the log's disk is full: the failure record (if it fits) and the exit still follow
         failures.write(run_dir, rank, host, f"{type(exc).__name__}: {exc}", traceback.format_exc())
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     if code == 0 and args.strategy == "horovod" and size > 1 and _horovod() is None:
