@@ -7,7 +7,18 @@ import json
 import sys
 
 from .bench import DEFAULT_SIZES, LINE_RATE_MB_S, allreduce_bandwidth
+from .emulation import DEFAULT_PERIOD_US, calibrate, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
+
+
+def pi4(profile: str, period_us: int):
+    """The calibrated quota for a profile (measured once per machine, then read from the cache)."""
+    try:
+        rate = parse_profile(profile)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
+                     log=lambda line: print(line, file=sys.stderr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("-n", "--nodes", type=int, default=3)
     up.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
     up.add_argument("--docker", action="store_true", help="start a Docker engine in every node")
+    up.add_argument("--emulate", metavar="PROFILE", help="give every node a Raspberry Pi 4's CPU: pi4 (250 img/s), "
+                    "pi4-slow (150), pi4-fast (400) or pi4:IMG_PER_SEC; calibrated on this machine")
+    up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
+    emulate = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
+    emulate.add_argument("id")
+    emulate.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
+    emulate.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
     down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
     sub.add_parser("status", help="show recorded testbeds")
@@ -27,8 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd == "up":
+        emulation = pi4(args.emulate, args.period_us) if args.emulate else None
         bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
+        bed.emulate(emulation)
         print(json.dumps(bed.status(), indent=2))
+    elif args.cmd == "emulate":
+        bed = Testbed.load(args.id)
+        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us))
+        print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():
             Testbed.load(tid).down()

@@ -22,8 +22,9 @@ import yaml
 from edgetrain import containers, datasets
 from tests.conftest import edgetrain
 
+from .emulation import PI4_RATES, Emulation, calibrate
 from .playbook import Playbook
-from .testbed import Testbed, run
+from .testbed import DEFAULT_ROOT, Testbed, run
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -51,6 +52,22 @@ def testbed():
         yield bed
     finally:
         bed.down()
+
+
+@pytest.fixture(scope="session")
+def pi4() -> Emulation:
+    """The CPU quota of an emulated Pi 4 (250 img/s), calibrated once per machine."""
+    return calibrate(PI4_RATES["pi4"], "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json")
+
+
+@pytest.fixture
+def emulated(testbed, pi4) -> Testbed:
+    """The session's testbed with every node a Pi 4's CPU, given back whole afterwards."""
+    testbed.emulate(pi4)
+    try:
+        yield testbed
+    finally:
+        testbed.emulate(None)
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from .emulation import CpuGroup, Emulation
+
 DEFAULT_ROOT = Path(os.environ.get("EDGETRAIN_TESTBED_ROOT", "/var/lib/edgetrain-testbed"))
 # Pi OS ships every board with this name: the base role must rename them.
 FACTORY_HOSTNAME = "raspberrypi"
@@ -83,6 +85,11 @@ class Node:
     dockerd_pid: int | None = None
 
     @property
+    def cgroup(self) -> CpuGroup:
+        """The node's CPU: its sshd, what that starts, and its engine's containers."""
+        return CpuGroup(self.netns)
+
+    @property
     def docker_sock(self) -> str:
         return f"{self.dir}/docker.sock"
 
@@ -108,6 +115,8 @@ class State:
     created_login: bool = False
     # Paths under /root that every node's private /root shows (read-only).
     expose: list[str] = field(default_factory=list)
+    # The CPU quota every node has, when the testbed emulates Raspberry Pis (emulation.Emulation).
+    emulation: dict | None = None
 
     @property
     def gateway(self) -> str:
@@ -241,6 +250,7 @@ class Testbed:
         s = self.state
         d = Path(n.dir)
         d.mkdir(mode=0o755)
+        n.cgroup.create()
         _ip("netns", "add", n.netns)
         _ip("link", "add", n.veth, "type", "veth", "peer", "name", f"{n.veth}p")
         _ip("link", "set", f"{n.veth}p", "netns", n.netns)
@@ -310,6 +320,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             start_new_session=True,
         )
         n.sshd_pid = proc.pid  # nsenter, unshare and sh all exec: this pid ends up being sshd
+        # Before sshd accepts anything, so that every process of the node is charged to it.
+        n.cgroup.move(proc.pid)
 
     def _wait_ssh(self, n: Node, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
@@ -327,7 +339,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             ["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts",
              "dockerd", "--data-root", n.docker_root, "--exec-root", f"{n.dir}/docker-exec",
              "--pidfile", f"{n.dir}/docker.pid", "-H", f"unix://{n.docker_sock}",
-             "--iptables=false", "--ip-masq=false", "--bridge=none"],
+             "--iptables=false", "--ip-masq=false", "--bridge=none", f"--cgroup-parent=/{n.cgroup.name}"],
             stdin=subprocess.DEVNULL, stdout=open(Path(n.dir) / "dockerd.log", "ab"), stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -363,9 +375,24 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         # Docker leaves read-only layers and mounts behind in its data-root until unmounted.
         for n in s.nodes:
             run("umount", "-R", n.docker_root, check=False)
+            n.cgroup.remove()
         shutil.rmtree(s.dir, ignore_errors=True)
 
     # ---- use -------------------------------------------------------------------------------
+
+    def emulate(self, emulation: Emulation | None) -> None:
+        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota), or all of it back (None)."""
+        for n in self.state.nodes:
+            if emulation is None:
+                n.cgroup.unlimit()
+            else:
+                n.cgroup.limit(emulation.quota_us, emulation.period_us)
+        self.state.emulation = asdict(emulation) if emulation else None
+        self.state.save()
+
+    def cpu_stat(self) -> dict[str, dict[str, int]]:
+        return {n.name: n.cgroup.stat() for n in self.state.nodes}
+
 
     def ssh_argv(self, n: Node, user: str = "root") -> list[str]:
         s = self.state
@@ -447,7 +474,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
     def status(self) -> dict:
         s = self.state
-        out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user, "nodes": []}
+        out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
+               "emulation": s.emulation, "nodes": []}
         for n in s.nodes:
             out["nodes"].append({
                 "name": n.name, "netns": n.netns, "address": n.address,

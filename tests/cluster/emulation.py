@@ -1,0 +1,195 @@
+"""Raspberry Pi 4 emulation: a CPU quota per testbed node, calibrated on this machine.
+
+Each node's sshd (so everything Hydra starts there) and its Docker engine's containers live in a
+cgroup-v1 ``cpu`` group of the node's own (``/sys/fs/cgroup/cpu/<testbed>-nN``); emulating a Pi
+writes that group's CFS quota. What a quota is worth depends on the machine, so it is calibrated,
+not assumed:
+
+Method: one process of the seed-style LeNet recipe (``seed_lenet.py --calibrate``, batch 64, one
+rank) warms up unthrottled in a group of its own, then trains fixed numbers of steps while the
+quota is moved: starting from the unthrottled rate, each measurement rescales the quota by
+target / measured (img/s is close to proportional to CPU time), until one lands within 3% of the
+target; the median of three confirming measurements is recorded. Results are kept per machine
+(CPU model, core count, period, TensorFlow) in ``<testbed root>/calibration.json``, so a later
+``up --emulate`` reuses them; a real Pi's figure replaces the target with one number.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("cpu", "cpuacct")
+SEED = Path(__file__).with_name("seed_lenet.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+# img/s of one Pi 4 training LeNet at batch 64 (the seed recipe), by profile; 250 is the default.
+PI4_RATES = {"pi4": 250.0, "pi4-slow": 150.0, "pi4-fast": 400.0}
+DEFAULT_PERIOD_US = 10_000
+
+
+@dataclass
+class Emulation:
+    profile: str  # e.g. "pi4" or "pi4:150"
+    images_per_sec: float
+    period_us: int
+    quota_us: int
+
+    @property
+    def cores(self) -> float:
+        return self.quota_us / self.period_us
+
+
+def parse_profile(spec: str) -> float:
+    """``pi4`` (250 img/s), ``pi4-slow``, ``pi4-fast``, or ``pi4:RATE`` for a measured Pi's figure."""
+    name, _, rate = spec.partition(":")
+    if name != "pi4":
+        if spec in PI4_RATES:
+            return PI4_RATES[spec]
+        raise ValueError(f"unknown emulation {spec!r}: use pi4, pi4-slow, pi4-fast or pi4:IMG_PER_SEC")
+    value = float(rate) if rate else PI4_RATES["pi4"]
+    if not 1 <= value <= 100_000:
+        raise ValueError(f"{spec!r}: the rate must be a Pi's img/s (e.g. pi4:250)")
+    return value
+
+
+class CpuGroup:
+    """One cgroup-v1 group in the cpu and cpuacct hierarchies."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def path(self, controller: str = "cpu") -> Path:
+        return CGROUP_ROOT / controller / self.name
+
+    def create(self) -> None:
+        for c in CONTROLLERS:
+            self.path(c).mkdir(exist_ok=True)
+
+    def move(self, pid: int) -> None:
+        for c in CONTROLLERS:
+            (self.path(c) / "cgroup.procs").write_text(f"{pid}\n")
+
+    def limit(self, quota_us: int, period_us: int) -> None:
+        cpu = self.path()
+        # The kernel refuses a period below the quota already set: lift the quota first.
+        (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+        (cpu / "cpu.cfs_period_us").write_text(f"{period_us}\n")
+        (cpu / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+
+    def unlimit(self) -> None:
+        (self.path() / "cpu.cfs_quota_us").write_text("-1\n")
+
+    def quota(self) -> tuple[int, int]:
+        cpu = self.path()
+        return int((cpu / "cpu.cfs_quota_us").read_text()), int((cpu / "cpu.cfs_period_us").read_text())
+
+    def stat(self) -> dict[str, int]:
+        """cpu.stat (periods, throttled periods, throttled ns) and the CPU ns used (cpuacct.usage)."""
+        out = dict(line.split() for line in (self.path() / "cpu.stat").read_text().splitlines())
+        stat = {k: int(v) for k, v in out.items()}
+        stat["usage_ns"] = int((self.path("cpuacct") / "cpuacct.usage").read_text())
+        return stat
+
+    def remove(self) -> None:
+        """Remove the group and whatever groups were made below it (a Docker engine's, in every hierarchy)."""
+        for hierarchy in CGROUP_ROOT.iterdir():
+            top = hierarchy / self.name
+            if not top.is_dir() or top.is_symlink():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                _rmdir(d)
+            _rmdir(top)
+
+
+def _rmdir(group: Path, timeout: float = 10.0) -> None:
+    """A group is busy until its last process has been reaped, a moment after it was killed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _machine_key(period_us: int) -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.machine())
+    # The figure is TensorFlow's speed: another version recalibrates.
+    tf = next((v for v in (_version("tensorflow-cpu"), _version("tensorflow")) if v), "?")
+    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
+              python: str = sys.executable, log=print) -> Emulation:
+    """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s."""
+    key = _machine_key(period_us)
+    known = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    hit = known.get(key, {}).get(f"{target:g}")
+    if hit:
+        return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period_us, quota_us=hit["quota_us"])
+
+    group = CpuGroup(group_name)
+    group.create()
+    # About 10 s of training per measurement at the target rate.
+    steps = max(20, int(target * 10 / 64))
+    proc = subprocess.Popen([python, str(SEED), "--calibrate", "--steps-per-epoch", str(steps)], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        group.move(proc.pid)
+        assert proc.stdout is not None and proc.stdin is not None
+
+        def next_event() -> dict:
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    return json.loads(line)
+            raise RuntimeError("the calibration process ended early")
+
+        def measure() -> float:
+            proc.stdin.write("measure\n")
+            proc.stdin.flush()
+            return next_event()["images_per_sec"]
+
+        next_event()  # ready: the warm-up epoch is done
+        full = measure()
+        cores = len(os.sched_getaffinity(0))
+        quota = min(cores * period_us, int(period_us * cores * target / full))
+        for attempt in range(8):
+            group.limit(quota, period_us)
+            rate = measure()
+            log(f"calibration: quota {quota} us / {period_us} us -> {rate:.0f} img/s (target {target:g})")
+            if abs(rate - target) <= 0.03 * target:
+                break
+            quota = max(1000, int(quota * target / rate))
+        else:
+            raise RuntimeError(f"calibration to {target:g} img/s did not converge (last {rate:.0f} img/s at quota {quota} us)")
+        confirm = statistics.median(measure() for _ in range(3))
+        log(f"calibration: confirmed {confirm:.0f} img/s at {quota / period_us:.3f} of a core")
+    finally:
+        proc.kill()
+        proc.wait()
+        group.remove()
+    if cache is not None:
+        known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "measured": round(confirm, 1), "unthrottled": round(full, 1)}
+        cache.write_text(json.dumps(known, indent=2))
+    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period_us, quota_us=quota)

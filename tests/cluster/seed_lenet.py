@@ -1,0 +1,134 @@
+"""The seed-style Pi-cluster LeNet recipe, nothing tuned: the reference edgetrain is measured against.
+
+``hvd.init()``; LeNet; ``Adam(0.001 * hvd.size())`` in ``hvd.DistributedOptimizer``;
+``BroadcastGlobalVariablesCallback(0)``; ``model.fit`` on the full arrays with batch 64 and the
+steps per epoch divided by the size; started by a plain ``mpirun``. The only additions are
+measurements printed by rank 0 as JSON lines (they do not change what is trained):
+``{"event": "epoch", ...}`` with the epoch's img/s and the validation accuracy (each rank
+evaluates the whole test set, as the recipe does) and the seconds since the first step.
+
+``--calibrate``: the same ``fit`` in one process, epoch after epoch of ``--steps-per-epoch`` steps
+with no validation: after the first (warm-up) epoch it prints ``ready``, and after each later one
+its img/s, each time waiting for a ``measure`` line on stdin; the testbed changes the process's
+CPU quota in between (see emulation.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from edgetrain import datasets  # noqa: E402
+
+BATCH = 64
+
+
+def lenet() -> tf.keras.Model:
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        tf.keras.Input((28, 28, 1)),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dense(512, activation="relu"),
+        layers.Dense(10, activation="softmax"),
+    ])
+
+
+def compiled() -> tf.keras.Model:
+    model = lenet()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+class Measure(tf.keras.callbacks.Callback):
+    """img/s of each epoch's training steps (validation excluded), and the time since the first step."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps = steps
+        self.first = self.epoch_start = self.train_end = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_start = time.monotonic()
+        self.train_end = None
+
+    def on_test_begin(self, logs=None):
+        self.train_end = time.monotonic()
+
+    def images_per_sec(self) -> float:
+        return self.steps * BATCH * hvd.size() / ((self.train_end or time.monotonic()) - self.epoch_start)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.rank() == 0:
+            print(json.dumps({
+                "event": "epoch", "epoch": epoch + 1, "size": hvd.size(), "images_per_sec": self.images_per_sec(),
+                "val_accuracy": logs.get("val_accuracy"), "seconds_from_first_step": time.monotonic() - self.first,
+            }), flush=True)
+
+
+class Calibrate(Measure):
+    """Between epochs, waits for the next ``measure`` line on stdin (the quota changes meanwhile)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        event = {"event": "measured", "images_per_sec": self.images_per_sec()} if epoch else {"event": "ready", "pid": os.getpid()}
+        print(json.dumps(event), flush=True)
+        if not sys.stdin.readline().startswith("measure"):
+            self.model.stop_training = True
+
+
+def train(args: argparse.Namespace) -> None:
+    hvd.init()
+    (x, y), (xt, yt) = load(args.data)
+    model = compiled()
+    steps = args.steps_per_epoch or len(x) // BATCH
+    steps //= hvd.size()
+    model.fit(x, y, batch_size=BATCH, epochs=args.epochs, steps_per_epoch=steps, validation_data=(xt, yt),
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Measure(steps)],
+              verbose=0)
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    """The same ``fit`` as training, one epoch of ``--steps-per-epoch`` steps per measurement."""
+    hvd.init()
+    (x, y), _ = load(args.data)
+    model = compiled()
+    steps = args.steps_per_epoch or 40
+    model.fit(x, y, batch_size=BATCH, epochs=10_000, steps_per_epoch=steps, callbacks=[Calibrate(steps)], verbose=0)
+
+
+def load(data: Path | None):
+    train_split, test_split = datasets.load(datasets.locate("mnist", data))
+    return (train_split.x, train_split.y), (test_split.x, test_split.y)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", type=Path, default=None, help="a folder holding mnist/ (default: this machine's)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="global steps an epoch (default: the whole set)")
+    p.add_argument("--calibrate", action="store_true")
+    args = p.parse_args()
+    np.random.seed(42)
+    (calibrate if args.calibrate else train)(args)
+
+
+if __name__ == "__main__":
+    main()
