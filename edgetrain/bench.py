@@ -1,145 +1,336 @@
-"""Benchmarks of what edgetrain's launch costs.
+"""`edgetrain bench`: does adding nodes pay? Measured on the cluster, and predicted before it is measured.
 
-``python -m edgetrain.bench -i INVENTORY``: for each --np, ``edgetrain run`` of a built-in job
-(preflight, containers, MPI probe, training) timed from the call to the first training step, and
-the same job started by a bare ``mpirun`` inside containers that are already up, timed the same
-way. The difference is what edgetrain's checks cost; images/s come from the runs' own metrics.
+On any inventory, one rank per node:
+  (a) Horovod's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
+      latency), wall and CPU seconds per operation (``edgetrain.allreduce``);
+  (b) the job on one node: img/s, and the time to the target accuracy;
+  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..): the median img/s,
+      E(N) = R(N) / (N R(1)), the share of a step above one node's (what allreduce and waiting add),
+      and the time to the target accuracy;
+  (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
+      compute time plus the allreduce as measured on these nodes (so its CPU cost on a slow node
+      is in it, not only the link), divided by the steps it is shared over
+      (``backward_passes_per_step``); printed, then set beside the measurement;
+  (e) ``bench.json`` and a plot (``bench.svg``) in ``<runs dir>/<bench id>/``; every run it made
+      is an ordinary run directory beside it.
 
-``python -m edgetrain.bench --script train.py --np 2 --repeat 3 -- ARGS``: a user's Keras script on
-this machine, under ``edgetrain run`` and under a bare ``mpirun`` in a copy of its folder,
-interleaved, each timed from the call to rank 0's first step (Keras' progress bar).
+Every measurement is a real ``edgetrain run`` (prepare and execute), so what it measures is what
+users get.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
+import statistics
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import containers, datasets, inventory, mpi, placement, preflight, progress, runs, worker
-from . import program as programs
-from .program import JobOptions
-from .remote import Nodes
+from . import inventory, launch, placement, runs
+from .errors import EdgetrainError, UsageError
+from .program import Program
 
 
-def edgetrain_run(inv: Path, job: str, np: int, max_steps: int, runs_dir: Path) -> dict:
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "edgetrain", "run", job, "--np", str(np), "-i", str(inv),
-                           "--epochs", "1", "--max-steps", str(max_steps), "--runs-dir", str(runs_dir)],
-                          capture_output=True, text=True)
-    total = time.monotonic() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"edgetrain run --np {np} failed:\n{proc.stderr}")
-    run_id = next(line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("run "))
-    info = runs.find(runs_dir, run_id).info()
-    metrics = runs.find(runs_dir, run_id).metrics()[-1]
-    return {"first_step_s": info["attempts"][-1]["first_step_s"], "total_s": round(total, 1),
-            "images_per_sec": round(metrics["images_per_sec"], 1), "run": run_id}
+@dataclass
+class BenchRequest:
+    program: Program
+    inventory: Path | None = None
+    group: str | None = None
+    nodes: list[int] | None = None  # default 1..every host of the group
+    repeat: int = 3
+    target_accuracy: float | None = None
+    gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
+    fp16: bool = False
+    backward_passes: int = 1
+    runs_dir: Path = field(default_factory=runs.default_root)
+    command: list[str] = field(default_factory=list)
+    log: Callable[[str], None] = print
 
 
-def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
-    """Seconds from ``mpirun`` (in already running containers) to the job's first training step."""
-    program = programs.resolve(job, [], JobOptions(epochs=1, max_steps=max_steps))
-    loaded = inventory.load(inv)
-    plan = placement.plan(loaded, np)
-    with Nodes() as nodes:
-        reports = preflight.check_nodes(nodes, plan, program.datasets, loaded.source)
-        preflight.require(reports)
-        tag = f"bench-{int(time.time())}"
-        dirs = {r.host.name: f"{r.runs_dir}/.{tag}" for r in reports}
-        running = containers.Containers(nodes, plan, tag, dirs)
-        running.start()
+@dataclass
+class Allreduce:
+    nodes: int
+    bytes: int
+    seconds: float  # the slowest rank's wall time per allreduce
+    cpu_seconds: float  # the busiest rank's CPU time per allreduce (every thread: polling included)
+    latency_seconds: float
+    run: str
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+
+@dataclass
+class Trial:
+    nodes: int
+    run: str
+    images_per_sec: float | None
+    seconds_to_target: float | None
+    images_to_target: int | None
+    status: str
+
+
+@dataclass
+class Point:
+    """One N: the medians of its trials, and what was predicted for it."""
+
+    nodes: int
+    images_per_sec: float | None
+    efficiency: float | None
+    comm_share: float | None
+    seconds_to_target: float | None
+    predicted_efficiency: float | None
+    trials: list[Trial]
+
+
+def parse_nodes(spec: str | None) -> list[int] | None:
+    """``1,2,4`` or ``1-4``."""
+    if spec is None:
+        return None
+    found: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, sep, hi = part.partition("-")
+            found += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    except ValueError:
+        raise UsageError(f"--nodes {spec!r} is not a list of node counts", "e.g. --nodes 1,2,4 or --nodes 1-4") from None
+    if not found:
+        raise UsageError(f"--nodes {spec!r} names no node count", "e.g. --nodes 1-4")
+    return found
+
+
+def gradient_bytes(program: Program) -> int:
+    """A built-in job's gradient: 4 bytes per trainable parameter of its model."""
+    if program.job is None:
+        raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # its start-up lines are not this command's output
+    import tensorflow as tf  # noqa: F401 - the job's model is built only to be counted
+
+    net = program.job.load().model({k: v for k, v in program.checkpoint_options.items() if k != "batch_size"})
+    return 4 * sum(int(v.shape.num_elements()) for v in net.trainable_variables)
+
+
+def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> float:
+    """E(N) if nothing overlaps: a rank's step is one node's compute plus its share of one allreduce
+    (measured on these nodes, so a slow node's CPU cost is in it) and one negotiation round trip."""
+    comm = (ar.seconds + ar.latency_seconds) / backward_passes
+    return step_seconds / (step_seconds + comm)
+
+
+def _median(values: list[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return statistics.median(found) if found else None
+
+
+def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
+    """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
+    if target is None:
+        return None, None
+    for m in run.metrics():
+        if m.get("val_accuracy", -1.0) >= target and m.get("seconds_from_first_step") is not None:
+            return m["seconds_from_first_step"], m.get("images")
+    return None, None
+
+
+class Bench:
+    def __init__(self, req: BenchRequest):
+        self.req = req
+        inv = inventory.load(req.inventory)
+        self.hosts = placement.select(inv, req.group)
+        most = len(self.hosts)
+        self.nodes = sorted(set(req.nodes or range(1, most + 1)))
+        if self.nodes[0] < 1 or self.nodes[-1] > most:
+            raise UsageError(f"--nodes {self.nodes[-1] if self.nodes[-1] > most else self.nodes[0]} is not between 1 and "
+                             f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
+        if req.repeat < 1:
+            raise UsageError(f"--repeat {req.repeat} must be at least 1")
+        self.root = runs.ensure_writable(req.runs_dir)
+        self.dir = self.root / runs.new_id(f"bench-{req.program.name}")
+        self.allreduce: dict[int, Allreduce] = {}
+        self.trials: list[Trial] = []
+        self.predicted: dict[int, float] = {}
+        self.started = time.monotonic()
+
+    # -- one launch ---------------------------------------------------------------------------
+    def _launch(self, program: Program, n: int, what: str) -> tuple[runs.Run, launch.Outcome, list[dict]]:
+        seen: list[dict] = []
+        req = launch.RunRequest(program=program, np=n, inventory=self.req.inventory, group=self.req.group, per_node=1,
+                                runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"], log=lambda line: None)
+
+        def on_event(e: dict) -> None:
+            seen.append(e)
+            if e["event"] == "epoch":
+                acc = f", val_accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
+                ips = f", {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
+                self.req.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
+
+        started = launch.prepare(req)
+        outcome = launch.execute(started, on_event, lambda line: None)
+        return started.run, outcome, seen
+
+    def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
+        args = ["--bytes", str(nbytes)] + (["--fp16"] if self.req.fp16 else [])
+        probe = Program("allreduce", tuple(args), module="edgetrain.allreduce")
+        run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
+        found = [e for e in seen if e["event"] == "allreduce"]
+        if outcome.state is not launch.State.COMPLETED or not found:
+            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.failed_error or outcome.state.value})",
+                                 f"its logs: {run.path}")
+        e = found[-1]
+        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id)
+
+    def train(self, n: int, attempt: int) -> Trial:
+        run, outcome, _ = self._launch(self.req.program, n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
+        metrics = run.metrics()
+        epochs = [m for m in metrics if m.get("images_per_sec")]
+        if outcome.state is not launch.State.COMPLETED:
+            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.failed_error or ''}")
+        elif not epochs:
+            raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
+                                 "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
+        # The first epoch carries TensorFlow's tracing: the last one is the steady rate.
+        ips = epochs[-1]["images_per_sec"] if epochs else None
+        seconds, images = _seconds_to_target(run, self.req.target_accuracy)
+        return Trial(n, run.id, ips, seconds, images, outcome.state.value)
+
+    # -- the whole bench ----------------------------------------------------------------------
+    def run(self) -> list[Point]:
+        req, log = self.req, self.req.log
+        self.dir.mkdir()
+        nbytes = req.gradient_bytes or gradient_bytes(req.program)
+        log(f"bench {self.dir.name}: {req.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
+            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
+            + (" (fp16 on the wire)" if req.fp16 else ""))
+        for n in (n for n in self.nodes if n > 1):
+            ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
+            log(f"(a) allreduce on {n} nodes: {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
+                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, latency {ar.latency_seconds * 1e3:.2f} ms")
+            self.save()
+        for attempt in range(1, req.repeat + 1):
+            for n in self.nodes:
+                if n > 1 and not self.predicted and 1 in self.nodes:
+                    self._predict()
+                trial = self.train(n, attempt)
+                self.trials.append(trial)
+                reached = f", target at {trial.seconds_to_target:.0f} s" if trial.seconds_to_target is not None else ""
+                log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
+                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
+                self.save()
+        points = self.points()
+        self.save(points)
+        write_svg(self.dir / "bench.svg", points, req.program.name, req.target_accuracy)
+        return points
+
+    def _predict(self) -> None:
+        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
+        if one is None:
+            return
+        step = self.batch_size() / one
+        for n, ar in self.allreduce.items():
+            self.predicted[n] = predict(step, ar, self.req.backward_passes)
+        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step) and (a): "
+                     + ", ".join(f"E({n}) = {e:.0%}" for n, e in sorted(self.predicted.items())))
+
+    def batch_size(self) -> int:
+        return int(self.req.program.checkpoint_options.get("batch_size", 64))
+
+    def points(self) -> list[Point]:
+        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
+        out = []
+        for n in self.nodes:
+            trials = [t for t in self.trials if t.nodes == n]
+            ips = _median([t.images_per_sec for t in trials])
+            eff = ips / (n * one) if ips and one else None
+            # A rank's step at N against one node's: what allreduce and waiting add to it.
+            share = max(0.0, 1 - n * one / ips) if ips and one and n > 1 else None
+            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]), self.predicted.get(n), trials))
+        return out
+
+    def save(self, points: list[Point] | None = None) -> None:
+        body = {
+            "program": self.req.program.name, "args": list(self.req.program.args), "command": self.req.command,
+            "inventory": str(self.req.inventory) if self.req.inventory else None,
+            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
+            "target_accuracy": self.req.target_accuracy, "fp16": self.req.fp16, "backward_passes": self.req.backward_passes,
+            "allreduce": [asdict(a) for a in self.allreduce.values()], "predicted_efficiency": self.predicted,
+            "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+        tmp = self.dir / "bench.json.tmp"
+        tmp.write_text(json.dumps(body, indent=2) + "\n")
+        tmp.replace(self.dir / "bench.json")
+
+
+def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
+    """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice."""
+    want = str(inventory) if inventory else None
+    for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
         try:
-            worker = [containers.PYTHON, "-m", "edgetrain.worker", "--run-dir", containers.RUN_MOUNT,
-                      "--data", containers.DATA_MOUNT, "--job-name", program.name, *program.worker_args()]
-            start = time.monotonic()
-            proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                event = progress.parse(line)
-                if event and event["event"] == "step":
-                    return time.monotonic() - start
-            raise SystemExit(f"bare mpirun --np {np} ended without a training step")
-        finally:
-            running.remove()
-            for r in reports:
-                nodes.run(r.host, ["rm", "-rf", dirs[r.host.name]])
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if body.get("points") and body.get("inventory") == want:
+            return body
+    return None
 
 
-def _first_keras_step(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int]:
-    """Seconds from starting ``cmd`` to the first Keras progress line of rank 0, and its exit code."""
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
-    assert proc.stdout is not None
-    first = None
-    for line in proc.stdout:
-        if first is None and progress.parse(line) is not None and "/" in line.split("[")[0]:
-            first = time.monotonic() - start
-    code = proc.wait()
-    if first is None:
-        raise SystemExit(f"{shlex.join(cmd)} showed no training step (exit {code})")
-    return first, code
+def advice(body: dict, n_hosts: int) -> str | None:
+    """A warning when the bench says ``n_hosts`` nodes train no faster than fewer did (or would)."""
+    by_n = {p["nodes"]: p for p in body["points"] if p.get("images_per_sec")}
+    if n_hosts not in by_n or 1 not in by_n:
+        return None
+    best = max((p for n, p in by_n.items() if n < n_hosts), key=lambda p: p["images_per_sec"], default=None)
+    here = by_n[n_hosts]
+    if best is not None and here["images_per_sec"] <= 1.05 * best["images_per_sec"]:
+        return (f"on {n_hosts} nodes this job trained at {here['images_per_sec']:,.0f} img/s, against "
+                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench, E({n_hosts}) = {here['efficiency']:.0%}): "
+                f"the extra nodes do not pay")
+    return None
 
 
-def script_first_step(script: Path, np: int, args: list[str], repeat: int) -> list[dict]:
-    """A user script under ``edgetrain run`` and under a bare ``mpirun``, interleaved."""
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="edgetrain-bench-") as tmp:
-        home, runs_dir, copy = Path(tmp) / "home", Path(tmp) / "runs", Path(tmp) / "work"
-        shutil.copytree(script.parent, copy)
-        data = Path(tmp) / "data"
-        for name in datasets.DATASETS:
-            found = datasets.locate(name)
-            (data / name).mkdir(parents=True)
-            for p in found.paths:
-                (data / name / p.name).symlink_to(p.resolve())
-        worker.link_datasets(data, home / ".keras")
-        bare_env = {**os.environ, "HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "1"}
-        for i in range(repeat):
-            # edgetrain draws Keras' bar itself; it records when the first step came, counted from the
-            # start of its launch (after the CLI's own imports, about a second).
-            subprocess.run([sys.executable, "-m", "edgetrain", "run", str(script), "--np", str(np), "--runs-dir", str(runs_dir),
-                            "--", *args], stdin=subprocess.DEVNULL, capture_output=True, check=True)
-            edge = runs.all_runs(runs_dir)[-1].info()["attempts"][-1]["first_step_s"]
+# -- the plot -----------------------------------------------------------------------------------
 
-            bare, _ = _first_keras_step([mpi.mpirun_path(), "-n", str(np), sys.executable, str(copy / script.name), *args],
-                                        copy, bare_env)
-            rows.append({"try": i + 1, "np": np, "edgetrain_run_s": round(edge, 1), "bare_mpirun_s": round(bare, 1)})
-    return rows
+def write_svg(path: Path, points: list[Point], job: str, target: float | None) -> None:
+    """Three panels against N: img/s (with the ideal N x R(1)), E(N) measured and predicted, time to target."""
+    panels = [
+        ("img/s", [(p.nodes, p.images_per_sec) for p in points],
+         [(p.nodes, points[0].images_per_sec * p.nodes) for p in points] if points and points[0].nodes == 1 and points[0].images_per_sec else [],
+         "ideal"),
+        ("E(N)", [(p.nodes, p.efficiency) for p in points], [(p.nodes, p.predicted_efficiency) for p in points], "predicted"),
+        (f"seconds to {target:.1%}" if target else "seconds to target", [(p.nodes, p.seconds_to_target) for p in points], [], ""),
+    ]
+    w, h, pad = 300, 220, 40
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{3 * w}" height="{h + 30}" font-family="sans-serif" font-size="11">',
+             f'<text x="10" y="16" font-size="13">edgetrain bench: {job}, one rank per node</text>']
+    for i, (title, measured, other, other_label) in enumerate(panels):
+        x0 = i * w
+        values = [v for _, v in measured + other if v is not None]
+        top = max(values) * 1.15 if values else 1.0
+        ns = [p.nodes for p in points] or [1]
+        lo, hi = min(ns), max(max(ns), min(ns) + 1)
 
+        def xy(n: float, v: float) -> tuple[float, float]:
+            return x0 + pad + (n - lo) / (hi - lo) * (w - 2 * pad), 30 + h - pad - v / top * (h - pad - 20)
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgetrain.bench", description=__doc__)
-    p.add_argument("-i", "--inventory", type=Path)
-    p.add_argument("--script", type=Path, help="time a user's Keras script on this machine instead")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("args", nargs="*", help="the script's arguments (after --)")
-    p.add_argument("--job", default="lenet")
-    p.add_argument("--np", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--max-steps", type=int, default=100, help="training steps per run")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    args = p.parse_args(argv)
-    if args.script is not None:
-        for np in args.np:
-            for row in script_first_step(args.script, np, args.args, args.repeat):
-                print(json.dumps(row), flush=True)
-        return 0
-    if args.inventory is None:
-        p.error("give -i INVENTORY (a container cluster) or --script")
-    for np in args.np:
-        row = edgetrain_run(args.inventory, args.job, np, args.max_steps, args.runs_dir)
-        row["bare_mpirun_first_step_s"] = round(bare_mpirun(args.inventory, args.job, np, args.max_steps), 1)
-        print(json.dumps({"np": np, **row}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        parts.append(f'<text x="{x0 + pad}" y="40">{title}</text>')
+        parts.append(f'<line x1="{x0 + pad}" y1="{30 + h - pad}" x2="{x0 + w - pad}" y2="{30 + h - pad}" stroke="black"/>')
+        parts.append(f'<line x1="{x0 + pad}" y1="50" x2="{x0 + pad}" y2="{30 + h - pad}" stroke="black"/>')
+        for n in ns:
+            x, y = xy(n, 0)
+            parts.append(f'<text x="{x - 3}" y="{y + 14}">{n}</text>')
+        parts.append(f'<text x="{x0 + w - pad - 10}" y="{30 + h - 8}">N</text>')
+        parts.append(f'<text x="{x0 + 2}" y="58">{top / 1.15:.3g}</text>')
+        for series, colour, dash in ((measured, "#1f5fbf", ""), (other, "#999999", ' stroke-dasharray="4 3"')):
+            pts = [xy(n, v) for n, v in series if v is not None]
+            if len(pts) > 1:
+                parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
+                             + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+            for x, y in pts:
+                parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>')
+        if other_label and any(v is not None for _, v in other):
+            parts.append(f'<text x="{x0 + w - pad - 60}" y="58" fill="#999999">- - {other_label}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n")

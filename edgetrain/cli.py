@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from . import bench as benching
 from . import collect as collecting
 from . import containers
 from . import datasets, launch, runs
@@ -23,7 +24,7 @@ from . import workdir as workdir_mod
 from . import doctor as doctoring
 from . import images as imaging
 from . import inventory as inventories
-from .errors import EdgetrainError, Interrupted
+from .errors import EdgetrainError, Interrupted, UsageError
 from .program import JobOptions
 from .progress import ConsoleProgress
 from .remote import Nodes
@@ -114,6 +115,53 @@ def run(
     else:
         who = f"mpirun exited with {outcome.returncode}"
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def bench(
+    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks).")] = "lenet",
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
+    repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
+    target_accuracy: Annotated[Optional[float], typer.Option(help="Time to this rank-averaged validation accuracy (default: the job's, lenet 0.985).")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Jobs: at most this many epochs per run.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size.")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Jobs: at most this many steps per epoch.")] = None,
+    warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of learning-rate warmup.")] = 0.25,
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares; repeatable.")] = None,
+    gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
+    runs_dir: RunsDirOpt = Path("runs"),
+) -> None:
+    """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
+    program = programs.resolve(target, list(script_args or []), JobOptions(epochs, batch_size, max_steps, 42, None, warmup_epochs,
+                                                                            programs.parse_options(option or [])))
+    goal = target_accuracy if target_accuracy is not None else (program.job.target_accuracy if program.job else None)
+    if program.job is not None and goal is not None:
+        program = programs.resolve(target, [], JobOptions(epochs, batch_size, max_steps, 42, goal, warmup_epochs,
+                                                           programs.parse_options(option or [])))
+    if gradient_mb is not None and not gradient_mb > 0:
+        raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
+    req = benching.BenchRequest(program, inventory, group, benching.parse_nodes(nodes), repeat, goal,
+                                int(gradient_mb * 1e6) if gradient_mb else None, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
+                                log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    b = benching.Bench(req)
+    points = b.run()
+    table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "comm share", f"s to {goal:.1%}" if goal else "s to target", box=None)
+    for p in points:
+        ar = b.allreduce.get(p.nodes)
+        table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-", _pct(p.efficiency), _pct(p.predicted_efficiency),
+                      f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
+                      f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")
+    console.print(table)
+    console.print(f"results: {b.dir}/bench.json, plot: {b.dir}/bench.svg", highlight=False)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
 
 
 @app.command()

@@ -35,6 +35,7 @@ class RunRequest:
     np: int = 1
     inventory: Path | None = None
     group: str | None = None
+    per_node: int | None = None  # ranks per host at most (bench: one per node); None: the inventory's slots
     runtime: str | None = None  # None: the inventory's edgetrain_runtime
     strategy: str = "horovod"
     tf_port: int = 23456
@@ -195,7 +196,7 @@ def prepare(req: RunRequest) -> Launch:
     _check_request(req)
     program = req.program
     inv = inventory.load(req.inventory)
-    plan = placement.plan(inv, req.np, req.group)
+    plan = placement.plan(inv, req.np, req.group, req.per_node)
     program.check_ranks(req.np)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
     if req.resume:

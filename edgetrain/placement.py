@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import EdgetrainError, UsageError
 from .inventory import DEVICE_GROUPS, Host, Inventory
@@ -57,8 +57,8 @@ def select(inventory: Inventory, group: str | None = None) -> list[Host]:
     return list(inventory.hosts)
 
 
-def plan(inventory: Inventory, np: int, group: str | None = None) -> Placement:
-    """Fill hosts in inventory order up to their slots.
+def plan(inventory: Inventory, np: int, group: str | None = None, per_node: int | None = None) -> Placement:
+    """Fill hosts in inventory order up to their slots (or ``per_node`` ranks each, when given).
 
     One host alone may be oversubscribed (the embedded default on a laptop: ranks then share
     cores, and each gets fewer TensorFlow threads). Across several hosts, asking for more ranks
@@ -67,6 +67,8 @@ def plan(inventory: Inventory, np: int, group: str | None = None) -> Placement:
     if np < 1:
         raise UsageError(f"--np {np} is not a number of ranks", "use --np 1 or more")
     hosts = select(inventory, group)
+    if per_node is not None:
+        hosts = [replace(h, slots=min(h.slots, per_node)) for h in hosts]
     total = sum(h.slots for h in hosts)
     if np > total:
         if len(hosts) == 1:

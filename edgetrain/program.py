@@ -38,6 +38,7 @@ class Program:
     name: str  # the job's name, or the script's file name without .py: names the run
     args: tuple[str, ...]  # what the program is given
     job: jobs.JobSpec | None = None
+    module: str | None = None  # what the worker runs for a built-in job or an edgetrain probe
     script: str | None = None  # relative to workdir
     workdir: Path | None = None
     datasets: tuple[str, ...] = ()  # required on every node
@@ -61,8 +62,8 @@ class Program:
 
     def worker_args(self) -> list[str]:
         """The program part of ``edgetrain.worker``'s command line."""
-        if self.job is not None:
-            return ["--module", "--quiet", "edgetrain.training", "--", *self.args]
+        if self.module is not None:
+            return ["--module", "--quiet", self.module, "--", *self.args]
         return [self.script or "", "--", *self.args]
 
 
@@ -116,7 +117,7 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
         args += ["--max-steps", str(o.max_steps)]
     if o.target_accuracy is not None:
         args += ["--target-accuracy", str(o.target_accuracy)]
-    return Program(spec.name, tuple(args), job=spec, datasets=(spec.dataset,), epochs=epochs,
+    return Program(spec.name, tuple(args), job=spec, module="edgetrain.training", datasets=(spec.dataset,), epochs=epochs,
                    checkpoint_options={"batch_size": o.batch_size or spec.batch_size, **options})
 
 

@@ -21,6 +21,8 @@ class JobSpec:
     summary: str
     batch_size: int = 64
     epochs: int = 1
+    # What `edgetrain bench` times the job to by default: rank-averaged validation accuracy.
+    target_accuracy: float | None = None
     # Job-specific options (name -> default) that `edgetrain run` accepts for this job only.
     options: dict = field(default_factory=dict)
 
@@ -31,7 +33,7 @@ class JobSpec:
 JOBS = {
     spec.name: spec
     for spec in (
-        JobSpec("lenet", "mnist", "edgetrain.jobs.lenet", "LeNet on MNIST (Adam)"),
+        JobSpec("lenet", "mnist", "edgetrain.jobs.lenet", "LeNet on MNIST (Adam)", target_accuracy=0.985),
         JobSpec(
             "fashion",
             "fashion-mnist",
@@ -39,6 +41,7 @@ JOBS = {
             "residual WideResNet-style network on Fashion-MNIST (SGD, step schedule, augmentation)",
             batch_size=32,
             options={"depth": 2, "width": 16},
+            target_accuracy=0.90,
         ),
     )
 }

@@ -47,11 +47,16 @@ def testbed():
     reason = _missing_prerequisites()
     if reason:
         pytest.skip(reason)
-    bed = Testbed.create(3, shape=True, docker=shutil.which("dockerd") is not None)
+    # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
+    # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m tests.cluster down ID`).
+    bed = Testbed.create(int(os.environ.get("EDGETRAIN_TESTBED_NODES", "3")), shape=True, docker=shutil.which("dockerd") is not None)
     try:
         yield bed
     finally:
-        bed.down()
+        if os.environ.get("EDGETRAIN_TESTBED_KEEP") == "1":
+            print(f"\ntestbed {bed.state.id} kept: {bed.state.dir}")
+        else:
+            bed.down()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,57 @@
+"""`edgetrain bench` on the testbed's container cluster: a real command on a real inventory.
+
+The functional test keeps every run tiny and asserts what bench records, not how fast anything is.
+The `bench`-marked test is the benchmark itself (emulated Pi 4 nodes, the job to its target
+accuracy, three tries per N): `pytest -m bench tests/cluster/test_bench.py`, with
+EDGETRAIN_TESTBED_NODES=4 for N = 1..4.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import edgetrain
+
+
+def _bench_dir(out: str) -> Path:
+    line = next(line for line in out.splitlines() if line.startswith("results: "))
+    return Path(line.split()[1]).parent
+
+
+def test_bench_measures_allreduce_predicts_and_plots(cluster):
+    r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
+                  "--max-steps", "8", "--target-accuracy", "0.2", env=cluster.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "(a) allreduce on 2 nodes" in r.stdout
+    # The prediction comes after one node's run and before the first two-node run.
+    out = r.stdout
+    assert out.index("(c) 1 node") < out.index("(d) predicted") < out.index("(c) 2 nodes"), out
+    d = _bench_dir(out)
+    body = json.loads((d / "bench.json").read_text())
+    (ar,) = body["allreduce"]
+    assert ar["nodes"] == 2 and ar["bytes"] == 4 * 1_630_090  # LeNet's trainable parameters, float32
+    assert 0 < ar["latency_seconds"] < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
+    points = {p["nodes"]: p for p in body["points"]}
+    assert points[1]["efficiency"] == pytest.approx(1.0)
+    assert 0 < points[2]["efficiency"] and 0 < points[2]["predicted_efficiency"] < 1
+    for p in points.values():
+        (trial,) = p["trials"]
+        assert trial["status"] == "completed" and trial["images_per_sec"] > 0
+        # Each try is an ordinary run, one rank per node.
+        info = cluster.run_json(trial["run"])
+        assert [h["ranks"] for h in info["placement"]["hosts"]] == [1] * p["nodes"]
+    svg = (d / "bench.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<circle") >= 4
+    assert not cluster.leftovers()
+
+
+@pytest.mark.bench
+def test_scaling_on_emulated_pi4_nodes(cluster, emulated, pi4, report):
+    r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--epochs", "4", env=cluster.env, timeout=4 * 3600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report[f"bench, emulated Pi 4 at {pi4.images_per_sec:g} img/s"] = "\n" + r.stdout
+    body = json.loads((_bench_dir(r.stdout) / "bench.json").read_text())
+    assert all(p["images_per_sec"] for p in body["points"])
