@@ -147,6 +147,9 @@ class Bench:
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
         if req.repeat < 1:
             raise UsageError(f"--repeat {req.repeat} must be at least 1")
+        if req.target_accuracy is not None and not 0 < req.target_accuracy <= 1:
+            raise UsageError(f"--target-accuracy {req.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
+        self.gradient = req.gradient_bytes or gradient_bytes(req.program)
         self.root = runs.ensure_writable(req.runs_dir)
         self.dir = self.root / runs.new_id(f"bench-{req.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
@@ -200,7 +203,7 @@ class Bench:
     def run(self) -> list[Point]:
         req, log = self.req, self.req.log
         self.dir.mkdir()
-        nbytes = req.gradient_bytes or gradient_bytes(req.program)
+        nbytes = self.gradient
         log(f"bench {self.dir.name}: {req.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
             f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
             + (" (fp16 on the wire)" if req.fp16 else ""))

@@ -1,0 +1,74 @@
+"""`edgetrain bench` on this machine: its bad inputs, its prediction, its advice and its plot.
+(It measures for real on the testbed: tests/cluster/test_bench.py.)"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from edgetrain import bench
+
+from .conftest import edgetrain, snapshot
+from .test_cli_errors import assert_one_line_error
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "0"], "--nodes 0 is not between 1 and the 1 hosts"),
+    (["--nodes", "1-3"], "--nodes 3 is not between 1 and the 1 hosts"),
+    (["--nodes", "two"], "--nodes 'two' is not a list of node counts"),
+    (["--repeat", "0"], "--repeat 0 must be at least 1"),
+    (["--gradient-mb", "-1"], "--gradient-mb -1.0 must be a positive number"),
+    (["--gradient-mb", "nan"], "--gradient-mb nan must be a positive number"),
+    (["--target-accuracy", "98.5"], "--target-accuracy 98.5 must be a fraction"),
+    (["--epochs", "0"], "--epochs 0 must be at least 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    before = snapshot(runs)
+    assert_one_line_error(edgetrain("bench", "lenet", *args, "--runs-dir", str(runs)), message, code=2)
+    assert snapshot(runs) == before
+
+
+def test_a_script_needs_its_gradient_size(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    runs = tmp_path / "runs"
+    assert_one_line_error(edgetrain("bench", str(script), "--runs-dir", str(runs)), "--gradient-mb", code=2)
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_prediction_is_compute_over_compute_plus_the_allreduce_share():
+    ar = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.090, cpu_seconds=0.05, latency_seconds=0.010, run="r")
+    # One node: 64 images at 250 img/s, 256 ms a step; the allreduce adds 100 ms.
+    assert bench.predict(64 / 250, ar) == pytest.approx(0.256 / 0.356)
+    # Accumulating two batches per allreduce halves what it adds to a step.
+    assert bench.predict(64 / 250, ar, backward_passes=2) == pytest.approx(0.256 / 0.306)
+
+
+def _body(rates: dict[int, float]) -> dict:
+    one = rates[1]
+    return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}
+
+
+def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
+    assert bench.advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
+    warning = bench.advice(_body({1: 231, 2: 165, 3: 160}), 3)
+    assert "160 img/s" in warning and "231 img/s on 1" in warning
+    assert bench.advice(_body({1: 250, 2: 450, 3: 640}), 3) is None
+    assert bench.advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
+
+
+def test_the_plot_is_an_svg_with_a_point_per_measurement(tmp_path):
+    trial = bench.Trial(1, "r", 250.0, 300.0, 60_000, "completed")
+    points = [bench.Point(1, 250.0, 1.0, None, 300.0, None, [trial]),
+              bench.Point(2, 450.0, 0.9, 0.1, 170.0, 0.88, [trial]),
+              bench.Point(3, 600.0, 0.8, 0.2, None, 0.84, [trial])]
+    path = tmp_path / "bench.svg"
+    bench.write_svg(path, points, "lenet", 0.985)
+    root = ET.parse(path).getroot()
+    circles = root.findall("{http://www.w3.org/2000/svg}circle")
+    # img/s 3 + ideal 3, E(N) 3 + predicted 2, time to target 2 (N = 3 never reached it).
+    assert len(circles) == 13
+    assert "seconds to 98.5%" in path.read_text()
