@@ -255,7 +255,7 @@ class Bench:
     def save(self, points: list[Point] | None = None) -> None:
         body = {
             "program": self.req.program.name, "args": list(self.req.program.args), "command": self.req.command,
-            "inventory": str(self.req.inventory) if self.req.inventory else None,
+            "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
             "target_accuracy": self.req.target_accuracy, "fp16": self.req.fp16, "backward_passes": self.req.backward_passes,
             "allreduce": [asdict(a) for a in self.allreduce.values()], "predicted_efficiency": self.predicted,
@@ -269,7 +269,7 @@ class Bench:
 
 def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
     """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice."""
-    want = str(inventory) if inventory else None
+    want = _where(inventory)
     for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
         try:
             body = json.loads(path.read_text())
@@ -278,6 +278,10 @@ def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
         if body.get("points") and body.get("inventory") == want:
             return body
     return None
+
+
+def _where(inventory: Path | None) -> str | None:
+    return str(Path(inventory).resolve()) if inventory else None
 
 
 def advice(body: dict, n_hosts: int) -> str | None:

@@ -85,6 +85,10 @@ def run(
     if started.placement.oversubscribed:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
+    scaled = benching.latest(runs_dir, program.name, inventory)
+    advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
+    if advice:
+        err_console.print(f"edgetrain: warning: {advice}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"run {started.run.id}: logs and outputs in {started.run.path}")
     if started.manifest is not None:
         for shipped in started.runtime.shipped:
