@@ -65,13 +65,19 @@ def run(
     seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
     warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")] = 0.25,
+    eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: also evaluate every this many training steps, not only after each epoch (time to --target-accuracy in steps, not epochs).")] = None,
+    eval_examples: Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).")] = None,
+    fp16_allreduce: Annotated[bool, typer.Option("--fp16-allreduce", help="Jobs: send gradients as float16 (Horovod's fp16 compression).")] = False,
+    backward_passes_per_step: Annotated[int, typer.Option(metavar="N", help="Jobs: accumulate N batches' gradients per allreduce and update; the learning rate scales with ranks x N.")] = 1,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")] = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
-    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []))
+    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
+                         eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
+                         backward_passes_per_step=backward_passes_per_step)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -233,6 +239,9 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         for m in metrics:
             table.add_row(str(m["epoch"]), *(_cell(m.get(k)) for k in columns))
         console.print(table)
+    target = runs.time_to_target(r)
+    if target is not None:
+        console.print(target, markup=False, highlight=False)
     outputs = collecting.outputs_of(r)
     if outputs:
         home = "" if where.get("runtime") != "docker" else f" (on {where['hosts'][0]['host']} until: edgetrain collect {r.id} --dest DIR)"
