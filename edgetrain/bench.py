@@ -25,25 +25,26 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import inventory, launch, placement, runs
+from . import inventory, jobs, launch, placement, runs
+from . import program as programs
+from .datasets import TRAIN_EXAMPLES
 from .errors import EdgetrainError, UsageError
-from .program import Program
+from .program import JobOptions, Program
 
 
 @dataclass
 class BenchRequest:
-    program: Program
+    target: str  # a built-in job's name or a script's path, as `edgetrain run` takes it
+    passthrough: list[str] = field(default_factory=list)
+    options: JobOptions = field(default_factory=JobOptions)
     inventory: Path | None = None
     group: str | None = None
     nodes: list[int] | None = None  # default 1..every host of the group
     repeat: int = 3
-    target_accuracy: float | None = None
     gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
-    fp16: bool = False
-    backward_passes: int = 1
     runs_dir: Path = field(default_factory=runs.default_root)
     command: list[str] = field(default_factory=list)
     log: Callable[[str], None] = print
@@ -129,15 +130,24 @@ def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | Non
     """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
     if target is None:
         return None, None
-    for m in run.metrics():
-        if m.get("val_accuracy", -1.0) >= target and m.get("seconds_from_first_step") is not None:
-            return m["seconds_from_first_step"], m.get("images")
+    for e in run.evaluations():
+        if e["val_accuracy"] >= target and e.get("seconds") is not None:
+            return e["seconds"], e.get("images")
     return None, None
 
 
 class Bench:
     def __init__(self, req: BenchRequest):
         self.req = req
+        script = req.target not in jobs.JOBS
+        # A script's target accuracy is only read from its metrics: it is not the script's option.
+        self.program = programs.resolve(req.target, req.passthrough, replace(req.options, target_accuracy=None) if script else req.options)
+        job = self.program.job
+        self.target_accuracy = req.options.target_accuracy or (job.target_accuracy if job else None)
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
+        self.fp16 = req.options.fp16_allreduce
+        self.backward_passes = req.options.backward_passes_per_step
         inv = inventory.load(req.inventory)
         self.hosts = placement.select(inv, req.group)
         most = len(self.hosts)
@@ -147,11 +157,9 @@ class Bench:
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
         if req.repeat < 1:
             raise UsageError(f"--repeat {req.repeat} must be at least 1")
-        if req.target_accuracy is not None and not 0 < req.target_accuracy <= 1:
-            raise UsageError(f"--target-accuracy {req.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
-        self.gradient = req.gradient_bytes or gradient_bytes(req.program)
+        self.gradient = req.gradient_bytes or gradient_bytes(self.program)
         self.root = runs.ensure_writable(req.runs_dir)
-        self.dir = self.root / runs.new_id(f"bench-{req.program.name}")
+        self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
         self.predicted: dict[int, float] = {}
@@ -175,7 +183,7 @@ class Bench:
         return started.run, outcome, seen
 
     def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
-        args = ["--bytes", str(nbytes)] + (["--fp16"] if self.req.fp16 else [])
+        args = ["--bytes", str(nbytes)] + (["--fp16"] if self.fp16 else [])
         probe = Program("allreduce", tuple(args), module="edgetrain.allreduce")
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
@@ -185,8 +193,17 @@ class Bench:
         e = found[-1]
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id)
 
+    def program_for(self, n: int) -> Program:
+        """The job as it runs on ``n`` nodes: timed to the target, evaluated four times an epoch unless told."""
+        if self.program.job is None:
+            return self.program
+        o = self.req.options
+        steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
+        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy,
+                                                              eval_every=o.eval_every or max(1, steps // 4)))
+
     def train(self, n: int, attempt: int) -> Trial:
-        run, outcome, _ = self._launch(self.req.program, n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
+        run, outcome, _ = self._launch(self.program_for(n), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not launch.State.COMPLETED:
@@ -196,7 +213,7 @@ class Bench:
                                  "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
         # The first epoch carries TensorFlow's tracing: the last one is the steady rate.
         ips = epochs[-1]["images_per_sec"] if epochs else None
-        seconds, images = _seconds_to_target(run, self.req.target_accuracy)
+        seconds, images = _seconds_to_target(run, self.target_accuracy)
         return Trial(n, run.id, ips, seconds, images, outcome.state.value)
 
     # -- the whole bench ----------------------------------------------------------------------
@@ -204,9 +221,9 @@ class Bench:
         req, log = self.req, self.req.log
         self.dir.mkdir()
         nbytes = self.gradient
-        log(f"bench {self.dir.name}: {req.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
+        log(f"bench {self.dir.name}: {self.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
             f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
-            + (" (fp16 on the wire)" if req.fp16 else ""))
+            + (" (fp16 on the wire)" if self.fp16 else ""))
         for n in (n for n in self.nodes if n > 1):
             ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
             log(f"(a) allreduce on {n} nodes: {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
@@ -224,7 +241,7 @@ class Bench:
                 self.save()
         points = self.points()
         self.save(points)
-        write_svg(self.dir / "bench.svg", points, req.program.name, req.target_accuracy)
+        write_svg(self.dir / "bench.svg", points, self.program.name, self.target_accuracy)
         return points
 
     def _predict(self) -> None:
@@ -233,12 +250,12 @@ class Bench:
             return
         step = self.batch_size() / one
         for n, ar in self.allreduce.items():
-            self.predicted[n] = predict(step, ar, self.req.backward_passes)
+            self.predicted[n] = predict(step, ar, self.backward_passes)
         self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step) and (a): "
                      + ", ".join(f"E({n}) = {e:.0%}" for n, e in sorted(self.predicted.items())))
 
     def batch_size(self) -> int:
-        return int(self.req.program.checkpoint_options.get("batch_size", 64))
+        return int(self.program.checkpoint_options.get("batch_size", 64))
 
     def points(self) -> list[Point]:
         one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
@@ -254,10 +271,10 @@ class Bench:
 
     def save(self, points: list[Point] | None = None) -> None:
         body = {
-            "program": self.req.program.name, "args": list(self.req.program.args), "command": self.req.command,
+            "program": self.program.name, "args": list(self.program.args), "command": self.req.command,
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
-            "target_accuracy": self.req.target_accuracy, "fp16": self.req.fp16, "backward_passes": self.req.backward_passes,
+            "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
             "allreduce": [asdict(a) for a in self.allreduce.values()], "predicted_efficiency": self.predicted,
             "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
             "seconds": round(time.monotonic() - self.started, 1),

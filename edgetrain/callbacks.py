@@ -1,6 +1,8 @@
 """Opt-in extras for any Keras script that edgetrain runs: progress on the console, a line per
 epoch in ``metrics.jsonl``, TensorBoard event files, a checkpoint per epoch with a sha256 manifest
-(written by rank 0, atomically), resume, and a target accuracy. The built-in jobs use exactly this.
+(written by rank 0, atomically), resume, a target accuracy, and evaluations between the epochs'
+own validations (``Evaluations``), each a line in ``metrics.jsonl`` that times the run to its
+target. The built-in jobs use exactly this.
 
     import edgetrain.callbacks as et
 
@@ -82,15 +84,22 @@ def restore(state: tf.train.Checkpoint) -> int:
 class Progress(tf.keras.callbacks.Callback):
     """Progress events for the console (rank 0), ``metrics.jsonl``, and the accuracy target.
 
+    Every validation - the epoch's own, and those of ``Evaluations`` - is also an ``eval`` record
+    in ``metrics.jsonl``, timed from the start of the first training step of this process, so time
+    to accuracy is not rounded to whole epochs and includes what the evaluations themselves cost.
+
     Put it after Horovod's MetricAverageCallback, which averages the logs over ranks in place."""
 
-    def __init__(self, batch_size: int | None = None, target_accuracy: float | None = None, monitor: str = "val_accuracy") -> None:
+    def __init__(self, batch_size: int | None = None, target_accuracy: float | None = None, monitor: str = "val_accuracy",
+                 validation_examples: int | None = None) -> None:
         super().__init__()
         self.rank, self.size = rank_and_size()
         self.events = events()
         self.global_batch = batch_size * self.size if batch_size else None
         self.target, self.monitor = target_accuracy, monitor
+        self.validation_examples = validation_examples
         self.started = time.time()
+        self.first_step: float | None = None
         self.reached_target = False
         self.last: dict = {}
         self.last_emit = 0.0
@@ -103,34 +112,128 @@ class Progress(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.epoch_start, self.train_time = epoch, time.time(), None
+        self.steps_done, self.test_start = 0, None
+        # Evaluations within the epoch are not training: images/s leaves them out.
+        self.eval_time, self.evaluated_at = 0.0, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.first_step is None:
+            self.first_step = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
+        self.steps_done = batch + 1
         now = time.time()
         if now - self.last_emit > 0.5 or batch + 1 == self.steps:
             self.last_emit = now
-            ips = (batch + 1) * self.global_batch / max(now - self.epoch_start, 1e-9) if self.global_batch else None
+            ips = (batch + 1) * self.global_batch / max(now - self.epoch_start - self.eval_time, 1e-9) if self.global_batch else None
             self.events.emit("step", epoch=self.epoch + 1, step=batch + 1, steps=self.steps,
                              loss=float((logs or {}).get("loss", 0.0)), images_per_sec=ips)
 
     def on_test_begin(self, logs=None):
+        self.test_start = time.time()
         if getattr(self, "train_time", 0) is None:
-            self.train_time = time.time() - self.epoch_start
+            self.train_time = self.test_start - self.epoch_start - self.eval_time
+
+    def on_test_end(self, logs=None):
+        self.test_seconds = time.time() - (self.test_start or time.time())
 
     def on_epoch_end(self, epoch, logs=None):
-        train_time = self.train_time or (time.time() - self.epoch_start)
+        train_time = self.train_time or (time.time() - self.epoch_start - self.eval_time)
         metrics = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items() if _number(v)}}
-        if self.global_batch and self.steps:
-            metrics["images_per_sec"] = self.steps * self.global_batch / train_time
+        if self.global_batch and self.steps_done:
+            # An epoch cut short by the target counts only the steps it took.
+            metrics["images_per_sec"] = self.steps_done * self.global_batch / train_time
         metrics.update(elapsed=time.time() - self.started, ranks=self.size)
         self.last = metrics
         if self.rank == 0:
-            with open(run_dir() / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            self._append(metrics)
             self.events.emit("epoch", **metrics)
-        if self.target is not None and metrics.get(self.monitor, -1.0) >= self.target:
-            # Averaged metrics are the same on every rank, so all ranks stop after the same epoch.
-            self.reached_target = True
-            self.model.stop_training = True
+        # After a stop at the target, the epoch's validation repeats the evaluation that stopped it.
+        if self.test_start is not None and "val_accuracy" in metrics and self.evaluated_at != self.steps_done:
+            self.evaluated(metrics["val_accuracy"], metrics.get("val_loss"), self.test_seconds, self.validation_examples)
+        if self.monitor != "val_accuracy" and self.target is not None and metrics.get(self.monitor, -1.0) >= self.target:
+            self._stop()
+
+    def evaluated(self, val_accuracy: float, val_loss: float | None, seconds: float, examples: int | None) -> None:
+        """Record an evaluation of the model as it is after this epoch's ``steps_done`` steps (the
+        same figures on every rank), and stop training once it reaches the target."""
+        reached = (self.target is not None and self.monitor == "val_accuracy" and not self.reached_target
+                   and val_accuracy >= self.target)
+        record = {"kind": "eval", "epoch": self.epoch + 1, "step": self.steps_done,
+                  "seconds": time.time() - (self.first_step or self.started),
+                  "images": ((self.epoch * self.steps) + self.steps_done) * (self.global_batch or 0) or None,
+                  "val_accuracy": float(val_accuracy), "val_loss": None if val_loss is None else float(val_loss),
+                  "eval_seconds": seconds, "examples": examples, "ranks": self.size}
+        if _restored_epoch:
+            record["resumed_after_epoch"] = _restored_epoch  # the clock restarted with the resume
+        if self.target is not None:
+            record.update(target_accuracy=self.target, reached=reached)
+        self.evaluated_at = self.steps_done
+        if self.rank == 0:
+            self._append(record)
+            self.events.emit("eval", **record)
+        if reached:
+            self._stop()
+
+    def _stop(self) -> None:
+        # Averaged metrics are the same on every rank, so all ranks stop after the same step.
+        self.reached_target = True
+        self.model.stop_training = True
+
+    def _append(self, record: dict) -> None:
+        with open(run_dir() / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class Evaluations(tf.keras.callbacks.Callback):
+    """Evaluates the model on ``data`` (each rank its own shard) every ``every`` training steps,
+    counted from the first epoch, and hands the rank-averaged accuracy and loss to ``progress``,
+    which records them and stops at the target. The last step of an epoch is left to the epoch's
+    own validation (``fit(validation_data=...)``), which follows it at once.
+
+    For classifiers with integer labels and a probability output, as the built-in jobs are.
+    ``before`` runs ahead of each evaluation on every rank (the jobs average BatchNorm's statistics)."""
+
+    def __init__(self, progress: Progress, data: tf.data.Dataset, every: int, before=None) -> None:
+        super().__init__()
+        self.progress, self.data, self.every, self.before = progress, data, every, before
+
+    def set_model(self, model):
+        super().set_model(model)
+        loss = tf.keras.losses.get(model.loss)
+        per_example = loss.call if isinstance(loss, tf.keras.losses.Loss) else loss
+
+        # One compiled function for every batch; only the last, shorter batch traces it again.
+        @tf.function(reduce_retracing=True)
+        def batch_sums(x, y):
+            p = model(x, training=False)
+            return (tf.reduce_sum(tf.keras.metrics.sparse_categorical_accuracy(y, p)),
+                    tf.reduce_sum(per_example(y, p)), tf.shape(y)[0])
+
+        self.batch_sums = batch_sums
+
+    def on_train_batch_end(self, batch, logs=None):
+        done = self.progress.epoch * self.progress.steps + batch + 1
+        if done % self.every or batch + 1 == self.progress.steps:
+            return
+        start = time.time()
+        if self.before is not None:
+            self.before()
+        correct = loss = 0.0
+        count = 0
+        for x, y in self.data:
+            c, l, n = self.batch_sums(x, y)
+            correct, loss, count = correct + float(c), loss + float(l), count + int(n)
+        averages = tf.constant([correct / max(count, 1), loss / max(count, 1)], tf.float64)
+        total = count
+        hvd = sys.modules.get("horovod.tensorflow")
+        if hvd is not None and hvd.is_initialized():
+            averages = hvd.allreduce(averages, op=hvd.Average, name="edgetrain.eval")
+            total = int(hvd.allreduce(tf.constant(count, tf.int64), op=hvd.Sum, name="edgetrain.eval_examples"))
+        accuracy, mean_loss = (float(v) for v in averages.numpy())
+        took = time.time() - start
+        self.progress.eval_time += took
+        self.progress.evaluated(accuracy, mean_loss, took, total)
 
 
 def _versions() -> dict:

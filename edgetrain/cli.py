@@ -43,6 +43,15 @@ InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help=
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
 GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+EpochsOpt = Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")]
+BatchOpt = Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32).")]
+MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")]
+WarmupOpt = Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")]
+EvalEveryOpt = Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: also evaluate every this many training steps, not only after each epoch (time to --target-accuracy in steps, not epochs).")]
+EvalExamplesOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).")]
+Fp16Opt = Annotated[bool, typer.Option("--fp16-allreduce", help="Jobs: send gradients as float16 (Horovod's fp16 compression).")]
+BackwardPassesOpt = Annotated[int, typer.Option(metavar="N", help="Jobs: accumulate N batches' gradients per allreduce and update; the learning rate scales with ranks x N.")]
+JobOptionOpt = Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")]
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,19 +69,25 @@ def run(
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32).")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")] = None,
+    epochs: EpochsOpt = None,
+    batch_size: BatchOpt = None,
+    max_steps: MaxStepsOpt = None,
     seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
-    warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")] = 0.25,
-    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")] = None,
+    warmup_epochs: WarmupOpt = 0.25,
+    eval_every: EvalEveryOpt = None,
+    eval_examples: EvalExamplesOpt = None,
+    fp16_allreduce: Fp16Opt = False,
+    backward_passes_per_step: BackwardPassesOpt = 1,
+    option: JobOptionOpt = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
-    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []))
+    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
+                         eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
+                         backward_passes_per_step=backward_passes_per_step)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -130,30 +145,32 @@ def bench(
     nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Time to this rank-averaged validation accuracy (default: the job's, lenet 0.985).")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Jobs: at most this many epochs per run.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size.")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Jobs: at most this many steps per epoch.")] = None,
-    warmup_epochs: Annotated[float, typer.Option(help="Jobs: epochs of learning-rate warmup.")] = 0.25,
-    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares; repeatable.")] = None,
+    epochs: EpochsOpt = None,
+    batch_size: BatchOpt = None,
+    max_steps: MaxStepsOpt = None,
+    warmup_epochs: WarmupOpt = 0.25,
+    eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: evaluate every this many steps (default: four times an epoch).")] = None,
+    eval_examples: EvalExamplesOpt = None,
+    fp16_allreduce: Fp16Opt = False,
+    backward_passes_per_step: BackwardPassesOpt = 1,
+    option: JobOptionOpt = None,
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
-    program = programs.resolve(target, list(script_args or []), JobOptions(epochs, batch_size, max_steps, 42, None, warmup_epochs,
-                                                                            programs.parse_options(option or [])))
-    goal = target_accuracy if target_accuracy is not None else (program.job.target_accuracy if program.job else None)
-    if program.job is not None and goal is not None:
-        program = programs.resolve(target, [], JobOptions(epochs, batch_size, max_steps, 42, goal, warmup_epochs,
-                                                           programs.parse_options(option or [])))
+    options = JobOptions(epochs, batch_size, max_steps, 42, target_accuracy, warmup_epochs, programs.parse_options(option or []),
+                         eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
+                         backward_passes_per_step=backward_passes_per_step)
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
-    req = benching.BenchRequest(program, inventory, group, benching.parse_nodes(nodes), repeat, goal,
+    req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
                                 int(gradient_mb * 1e6) if gradient_mb else None, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
                                 log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     b = benching.Bench(req)
     points = b.run()
+    goal = b.target_accuracy
     table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "comm share", f"s to {goal:.1%}" if goal else "s to target", box=None)
     for p in points:
         ar = b.allreduce.get(p.nodes)
@@ -285,6 +302,9 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         for m in metrics:
             table.add_row(str(m["epoch"]), *(_cell(m.get(k)) for k in columns))
         console.print(table)
+    target = runs.time_to_target(r)
+    if target is not None:
+        console.print(target, markup=False, highlight=False)
     outputs = collecting.outputs_of(r)
     if outputs:
         home = "" if where.get("runtime") != "docker" else f" (on {where['hosts'][0]['host']} until: edgetrain collect {r.id} --dest DIR)"

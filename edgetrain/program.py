@@ -25,6 +25,10 @@ class JobOptions:
     target_accuracy: float | None = None
     warmup_epochs: float = 0.25
     extra: dict = field(default_factory=dict)  # the job's own, as declared in its JobSpec (``-o width=8``)
+    eval_every: int | None = None
+    eval_examples: int | None = None
+    fp16_allreduce: bool = False
+    backward_passes_per_step: int = 1
 
     def given(self) -> list[str]:
         """The options that differ from their defaults, as the user would have typed them."""
@@ -79,7 +83,9 @@ def parse_options(given: list[str]) -> dict[str, str]:
 
 
 def _check_numbers(o: JobOptions) -> None:
-    for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps)):
+    for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps),
+                        ("--eval-every", o.eval_every), ("--eval-examples", o.eval_examples),
+                        ("--backward-passes-per-step", o.backward_passes_per_step)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value} must be at least 1")
     if not o.warmup_epochs >= 0:  # also refuses nan
@@ -117,8 +123,20 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
         args += ["--max-steps", str(o.max_steps)]
     if o.target_accuracy is not None:
         args += ["--target-accuracy", str(o.target_accuracy)]
+    if o.eval_every:
+        args += ["--eval-every", str(o.eval_every)]
+    if o.eval_examples:
+        args += ["--eval-examples", str(o.eval_examples)]
+    # As edgetrain.training records them in its checkpoints: the tuning options only when set.
+    checkpoint_options = {"batch_size": o.batch_size or spec.batch_size, **options}
+    if o.fp16_allreduce:
+        args.append("--fp16-allreduce")
+        checkpoint_options["fp16_allreduce"] = True
+    if o.backward_passes_per_step != 1:
+        args += ["--backward-passes-per-step", str(o.backward_passes_per_step)]
+        checkpoint_options["backward_passes_per_step"] = o.backward_passes_per_step
     return Program(spec.name, tuple(args), job=spec, module="edgetrain.training", datasets=(spec.dataset,), epochs=epochs,
-                   checkpoint_options={"batch_size": o.batch_size or spec.batch_size, **options})
+                   checkpoint_options=checkpoint_options)
 
 
 def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: Path | None = None,

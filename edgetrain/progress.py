@@ -39,7 +39,8 @@ def parse(line: str) -> dict | None:
 
 
 class ConsoleProgress:
-    """Renders rank 0's events: a live bar per epoch and one line per finished epoch."""
+    """Renders rank 0's events: a live bar per epoch, one line per finished epoch and per
+    evaluation within an epoch, and the moment the target accuracy is reached."""
 
     def __init__(self, console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,6 +58,7 @@ class ConsoleProgress:
         self.task = None
         self.label = ""
         self.epochs = 0
+        self.shown_epoch = 0
 
     def __enter__(self) -> "ConsoleProgress":
         self.bar.__enter__()
@@ -95,3 +97,11 @@ class ConsoleProgress:
             shown = [f"{k} {e[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in e]
             ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
             self.console.print(f"epoch {e['epoch']}/{self.epochs}: {'  '.join(shown)}{ips}  ({e['elapsed']:.0f} s)", highlight=False)
+            self.shown_epoch = e["epoch"]
+        elif kind == "eval":
+            at = f"epoch {e['epoch']} step {e['step']}, {e['seconds']:.1f} s from the first step"
+            # The epoch's own validation is already on the epoch's line.
+            if e["epoch"] != self.shown_epoch:
+                self.console.print(f"  evaluation at {at}: val_accuracy {e['val_accuracy']:.4f}  ({e['eval_seconds']:.1f} s)", highlight=False)
+            if e.get("reached"):
+                self.console.print(f"target val_accuracy {e['target_accuracy']:g} reached at {at}", highlight=False)

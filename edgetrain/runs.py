@@ -59,13 +59,20 @@ class Run:
 
     def metrics(self) -> list[dict]:
         """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
-        return [m for _, m in self._metric_lines() if m is not None]
+        return [m for _, m in self._metric_lines() if m is not None and "kind" not in m]
+
+    def evaluations(self) -> list[dict]:
+        """The ``eval`` records, in the order they were made (none in runs from before they existed)."""
+        return [m for _, m in self._metric_lines() if m is not None and m.get("kind") == "eval"
+                and isinstance(m.get("val_accuracy"), (int, float))]
 
     def damaged_metrics(self) -> list[int]:
         """Numbers of the lines of metrics.jsonl that are not a JSON object."""
         return [n for n, m in self._metric_lines() if m is None]
 
     def _metric_lines(self) -> list[tuple[int, dict | None]]:
+        """Each line's record. Lines without a ``kind`` are the epochs' (and must name theirs);
+        a record of a kind this version does not know is kept, not counted as damage."""
         if not self.metrics_file.exists():
             return []
         found: list[tuple[int, dict | None]] = []
@@ -75,7 +82,7 @@ class Run:
                     value = json.loads(line)
                 except ValueError:
                     value = None
-                found.append((n, value if isinstance(value, dict) and "epoch" in value else None))
+                found.append((n, value if isinstance(value, dict) and ("epoch" in value or "kind" in value) else None))
         return found
 
     @property
@@ -241,3 +248,45 @@ def summarize(run: Run) -> Summary:
         checkpoint=newest,
         problems=tuple(problems),
     )
+
+
+def time_to_target(run: Run) -> str | None:
+    """When the run's evaluations reached its target accuracy (or that they did not, with the best
+    one); None for a run without evaluation records."""
+    evals = run.evaluations()
+    if not evals:
+        return None
+    reached = next((e for e in evals if e.get("reached")), None)
+    target = next((e["target_accuracy"] for e in reversed(evals) if isinstance(e.get("target_accuracy"), (int, float))), None)
+    best = reached or max(evals, key=lambda e: e["val_accuracy"])
+    # Evaluation time is inside the clock; say how much of it, from the same attempt's records.
+    attempt = [e for e in evals[:evals.index(best) + 1] if e.get("resumed_after_epoch") == best.get("resumed_after_epoch")]
+    cost = sum(e.get("eval_seconds") or 0.0 for e in attempt)
+    where = f"at {_seconds(best)} from the first step{_images(best)}, epoch {best.get('epoch', '?')} step {best.get('step', '?')}"
+    tail = f" ({_count(len(attempt), 'evaluation')} took {cost:.1f} s of it"
+    tail += f"; the clock restarted when the run resumed after epoch {best['resumed_after_epoch']})" if best.get("resumed_after_epoch") else ")"
+    if reached is not None:
+        return f"reached {_percent(reached.get('target_accuracy'))} val accuracy {where}{tail}"
+    if target is not None:
+        return f"{_percent(target)} val accuracy not reached in {_count(len(evals), 'evaluation')}; best {_percent(best['val_accuracy'], 2)} {where}{tail}"
+    return f"no target accuracy; best {_percent(best['val_accuracy'], 2)} val accuracy {where}{tail}"
+
+
+def _percent(fraction, places: int | None = None) -> str:
+    if not isinstance(fraction, (int, float)):
+        return "?"
+    return f"{fraction * 100:.{places}f}%" if places is not None else f"{fraction * 100:.10g}%"
+
+
+def _seconds(record: dict) -> str:
+    value = record.get("seconds")
+    return f"{value:.1f} s" if isinstance(value, (int, float)) else "? s"
+
+
+def _images(record: dict) -> str:
+    value = record.get("images")
+    return f", {value:,} images" if isinstance(value, int) else ""
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

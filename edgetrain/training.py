@@ -3,10 +3,11 @@
 ``mpirun ... python -m edgetrain.worker --module edgetrain.training -- --job lenet ...``: the
 worker around it handles the rank's log, its end and its failure record, as for any user script.
 
-The contract: the learning rate is scaled by the number of ranks and warmed up; rank 0's initial
-state is broadcast; each rank reads only its own shard; steps per epoch shrink with the number
-of ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
-manifest) and metrics, through the public callbacks API (``edgetrain.callbacks``).
+The contract: the learning rate is scaled by the number of ranks (times the batches each update
+accumulates) and warmed up; rank 0's initial state is broadcast; each rank reads only its own
+shard; steps per epoch shrink with the number of ranks; metrics are averaged over ranks; rank 0
+alone writes checkpoints (atomically, with a manifest) and metrics, through the public callbacks
+API (``edgetrain.callbacks``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from . import callbacks as et  # noqa: E402
 from . import datasets, gpu  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
 
+EVAL_BATCH = 512
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="edgetrain.training")
@@ -41,6 +44,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--target-accuracy", type=float, default=None)
     p.add_argument("--warmup-epochs", type=float, default=0.25)
+    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--eval-examples", type=int, default=None)
+    p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--backward-passes-per-step", type=int, default=1)
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
 
@@ -80,9 +87,12 @@ def train(args: argparse.Namespace) -> dict:
     # Shards differ by at most one example: every rank must take the same number of steps, or
     # the allreduce of the shorter one would wait forever.
     steps = int(hvd_tf.allreduce(tf.constant(steps), op=hvd_tf.Min, name="steps"))
-    val_steps = -(-len(test_split.y) // args.batch_size)
+    evaluated = len(test_split.y)
+    if args.eval_examples:
+        # The count is for the whole set; rounding up keeps each rank's share of a small one non-empty.
+        evaluated = min(evaluated, -(-args.eval_examples // size))
     if args.max_steps:
-        steps, val_steps = min(steps, args.max_steps), min(val_steps, args.max_steps)
+        steps, evaluated = min(steps, args.max_steps), min(evaluated, args.max_steps * args.batch_size)
     if steps < 1:
         raise ValueError(f"batch size {args.batch_size} leaves no full batch in a shard of {len(train_split.y)} examples")
 
@@ -92,8 +102,16 @@ def train(args: argparse.Namespace) -> dict:
         var = hvd_tf.allreduce(np.var(train_split.x, dtype=np.float64), name="var").numpy()
         net = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Normalization(mean=mean, variance=var), net])
 
-    lr = job.BASE_LR * size
-    opt = hvd.DistributedOptimizer(job.optimizer(lr))
+    # Linear scaling by the images an update averages over: ranks times accumulated batches.
+    scale = size * args.backward_passes_per_step
+    lr = job.BASE_LR * scale
+    # Accumulated gradients are averaged, not summed, so that the rate above is the one they meet.
+    opt = hvd.DistributedOptimizer(
+        job.optimizer(lr),
+        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+        backward_passes_per_step=args.backward_passes_per_step,
+        average_aggregated_gradients=True,
+    )
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     opt.build(net.trainable_variables)
     state = tf.train.Checkpoint(model=net, optimizer=opt)
@@ -115,30 +133,35 @@ def train(args: argparse.Namespace) -> dict:
         layer = augment()
         train_ds = train_ds.map(lambda x, y: (layer(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE)
     train_ds = train_ds.prefetch(tf.data.AUTOTUNE)
-    test_ds = tf.data.Dataset.from_tensor_slices((test_split.x, test_split.y)).batch(args.batch_size)
+    # Evaluation keeps no gradients, so batches can be large: LeNet's forward pass on one core ran
+    # about 1.7x faster at 256-1000 than at 64, with the same accuracy.
+    test_ds = tf.data.Dataset.from_tensor_slices((test_split.x[:evaluated], test_split.y[:evaluated])).batch(EVAL_BATCH)
 
     schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
 
     def lr_multiplier(epoch: float) -> float:
         """Linear warmup from the single-rank rate to the scaled one, then the job's schedule.
         ``epoch`` is fractional, so both act within an epoch, which short runs need."""
-        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (size - 1) / args.warmup_epochs) / size
+        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (scale - 1) / args.warmup_epochs) / scale
         return warm * schedule(epoch, args.epochs)
 
+    average_non_trainable = AverageNonTrainable()
     callbacks = [
         # Averages the logs in place: every callback after it sees the cluster-wide numbers.
         hvd.callbacks.MetricAverageCallback(),
-        AverageNonTrainable(),
+        average_non_trainable,
         # Keras 2.11+ optimizers hold momentum as a float, which Horovod's momentum correction
         # cannot rescale; the rate changes gradually enough to do without it.
         hvd.callbacks.LearningRateScheduleCallback(
             initial_lr=lr, multiplier=lr_multiplier, staircase=False, steps_per_epoch=steps, momentum_correction=False
         ),
     ]
-    progress = et.Progress(args.batch_size, args.target_accuracy)
+    validation_examples = int(hvd_tf.allreduce(tf.constant(evaluated), op=hvd_tf.Sum, name="validation_examples"))
+    progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples)
     callbacks += [
         progress,
-        et.Checkpoints(state, progress, extra={"options": {"batch_size": args.batch_size, **args.options}}),
+        et.Evaluations(progress, test_ds, args.eval_every, before=average_non_trainable.sync) if args.eval_every else None,
+        et.Checkpoints(state, progress, extra={"options": checkpoint_options(args)}),
         tf.keras.callbacks.TensorBoard(log_dir=str(et.run_dir() / "tensorboard"), profile_batch=0) if rank == 0 else None,
     ]
     net.fit(
@@ -147,7 +170,6 @@ def train(args: argparse.Namespace) -> dict:
         epochs=args.epochs,
         initial_epoch=initial_epoch,
         validation_data=test_ds,
-        validation_steps=val_steps,
         callbacks=[c for c in callbacks if c is not None],
         verbose=0,
     )
@@ -158,12 +180,26 @@ def train(args: argparse.Namespace) -> dict:
 
 class AverageNonTrainable(tf.keras.callbacks.Callback):
     """Averages non-trainable state (BatchNorm's moving statistics) over ranks before each
-    validation: gradients keep the trainable weights identical, but each rank's statistics come
+    validation and evaluation: gradients keep the trainable weights identical, but each rank's statistics come
     from its own shard. Afterwards every rank holds the same model as rank 0's checkpoint."""
 
     def on_test_begin(self, logs=None):
+        self.sync()
+
+    def sync(self) -> None:
         for v in self.model.non_trainable_variables:
             v.assign(hvd_tf.allreduce(v, op=hvd_tf.Average, name=f"sync.{v.name}"))
+
+
+def checkpoint_options(args: argparse.Namespace) -> dict:
+    """What a resume must repeat, as the checkpoint's manifest records it. The tuning options appear
+    only when set, so checkpoints from before they existed still match a resume without them."""
+    found = {"batch_size": args.batch_size, **args.options}
+    if args.fp16_allreduce:
+        found["fp16_allreduce"] = True
+    if args.backward_passes_per_step != 1:
+        found["backward_passes_per_step"] = args.backward_passes_per_step
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -256,3 +257,64 @@ def test_a_non_blocking_terminal_left_by_a_killed_ssh_does_not_matter(existing_r
         os.close(write)
     # The inventory was read (Ansible needs blocking IO); the error is the one about --np.
     assert_one_line_error(r, "--np 0", code=2)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--eval-every", "0"), "--eval-every 0 must be at least 1"),
+    (("--eval-every", "-5"), "--eval-every -5 must be at least 1"),
+    (("--eval-examples", "0"), "--eval-examples 0 must be at least 1"),
+    (("--backward-passes-per-step", "0"), "--backward-passes-per-step 0 must be at least 1"),
+    (("--backward-passes-per-step", "-2"), "--backward-passes-per-step -2 must be at least 1"),
+])
+def test_evaluation_and_tuning_counts_below_one(existing_runs, args, fragment):
+    before = snapshot(existing_runs)
+    assert_one_line_error(edgetrain("run", "lenet", *args, "--runs-dir", str(existing_runs)), fragment, code=2)
+    assert snapshot(existing_runs) == before
+
+
+@pytest.mark.parametrize("flag", ["--eval-every", "--eval-examples", "--backward-passes-per-step"])
+def test_evaluation_and_tuning_counts_that_are_not_numbers(existing_runs, flag):
+    before = snapshot(existing_runs)
+    r = edgetrain("run", "lenet", flag, "nan", "--runs-dir", str(existing_runs))
+    # The command line's own type check, as for every whole-number option.
+    assert r.returncode == 2 and f"Invalid value for '{flag}'" in r.stderr and "Traceback" not in r.stderr
+    assert snapshot(existing_runs) == before
+
+
+def test_resume_refuses_other_tuning_options(two_epochs):
+    root, _ = two_epochs
+    before = snapshot(root)
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--backward-passes-per-step", "2",
+                  "--runs-dir", str(root))
+    assert_one_line_error(r, "was trained with --backward-passes-per-step None (asked 2)", code=2)
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--fp16-allreduce", "--runs-dir", str(root))
+    assert_one_line_error(r, "--fp16-allreduce None (asked True)", code=2)
+    assert snapshot(root) == before
+
+
+EVAL = {"kind": "eval", "epoch": 1, "eval_seconds": 1.5, "examples": 10000, "ranks": 2, "target_accuracy": 0.985}
+
+
+def test_runs_show_says_when_the_target_was_reached_and_old_runs_still_read(existing_runs):
+    run = existing_runs / "20260101-000000-lenet-abcd"
+    old = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
+    assert old.returncode == 0 and "val accuracy" not in old.stdout, old.stderr
+    lines = [
+        {"epoch": 1, "loss": 0.1, "val_accuracy": 0.97},
+        {**EVAL, "step": 176, "seconds": 61.31, "images": 22528, "val_accuracy": 0.975, "reached": False},
+        {**EVAL, "step": 352, "seconds": 123.44, "images": 45056, "val_accuracy": 0.9851, "reached": True},
+        {"kind": "a-later-kind", "what": "ignored"},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "eval", "ep')
+    shown = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
+    assert shown.returncode == 0, shown.stderr
+    assert ("reached 98.5% val accuracy at 123.4 s from the first step, 45,056 images, epoch 1 step 352 "
+            "(2 evaluations took 3.0 s of it)") in shown.stdout
+    listed = edgetrain("runs", "list", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
+    assert listed.returncode == 0 and "0.9700" in listed.stdout
+    assert listed.stderr.strip() == "edgetrain: warning: run 20260101-000000-lenet-abcd: metrics.jsonl line 5 is damaged (left out)"
+    (run / "metrics.jsonl").write_text(json.dumps({**EVAL, "step": 176, "seconds": 61.31, "images": 22528, "val_accuracy": 0.975,
+                                                   "reached": False}) + "\n")
+    shown = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
+    assert ("98.5% val accuracy not reached in 1 evaluation; best 97.50% at 61.3 s from the first step, 22,528 images, "
+            "epoch 1 step 176") in shown.stdout

@@ -134,6 +134,46 @@ def test_target_accuracy_stops_early(tmp_path):
     assert len(metrics) < 5 and metrics[-1]["val_accuracy"] >= 0.5
 
 
+def test_evaluations_within_an_epoch_time_the_target(tmp_path):
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "2", "--max-steps", "40", "--eval-every", "4",
+                       "--eval-examples", "1000", "--target-accuracy", "0.75", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(tmp_path)
+    evals = run.evaluations()
+    assert len(evals) >= 2, evals
+    assert [e["step"] for e in evals] == list(range(4, 4 * len(evals) + 1, 4))
+    seconds = [e["seconds"] for e in evals]
+    assert 0 < seconds[0] and all(a < b for a, b in zip(seconds, seconds[1:]))
+    for e in evals:
+        assert e["epoch"] == 1 and e["images"] == e["step"] * 64 * 2 and e["examples"] == 1000 and e["ranks"] == 2
+        assert 0 < e["eval_seconds"] < e["seconds"] and e["target_accuracy"] == 0.75
+    *before, reached = evals
+    assert reached["reached"] and reached["val_accuracy"] >= 0.75
+    assert not any(e["reached"] or e["val_accuracy"] >= 0.75 for e in before)
+    # It stopped within the first epoch, at that evaluation; the epoch's validation added no record.
+    assert reached["step"] < 40 and [m["epoch"] for m in run.metrics()] == [1]
+    assert f"target val_accuracy 0.75 reached at epoch 1 step {reached['step']}" in result.stdout
+    shown = edgetrain("runs", "show", run.id, "--runs-dir", str(tmp_path), env={"COLUMNS": "300"})
+    assert shown.returncode == 0, shown.stderr
+    assert (f"reached 75% val accuracy at {reached['seconds']:.1f} s from the first step, {reached['images']:,} images, "
+            f"epoch 1 step {reached['step']} ({len(evals)} evaluations took ") in shown.stdout
+
+
+def test_fp16_allreduce_and_accumulated_batches_train(tmp_path):
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--fp16-allreduce",
+                       "--backward-passes-per-step", "2", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(tmp_path)
+    [metrics] = run.metrics()
+    assert metrics["val_accuracy"] > 0.6  # chance is 0.1
+    # After warmup the rate counts every image an update averages: ranks x accumulated batches.
+    assert metrics["lr"] == pytest.approx(0.001 * 2 * 2)
+    ckpt = checkpoints.latest(run.checkpoints)
+    assert ckpt.manifest["options"] == {"batch_size": 64, "fp16_allreduce": True, "backward_passes_per_step": 2}
+    digests = final_digests(run)
+    assert digests[0] == digests[1] and len(digests[0]) == 1
+
+
 def rank_pid(root, rank: int, timeout: float = 120) -> int:
     """The pid a rank logs when it starts."""
     deadline = time.time() + timeout
