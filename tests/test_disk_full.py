@@ -14,12 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.errors import EdgetrainError
+from edgetrain.inventory import Host
+from edgetrain.remote import Nodes
+
 from .conftest import ROOT, edgetrain
 from .test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.slow
 
 SIZE_MB = 300  # roomy enough for a few LeNet checkpoints (~19 MB each) and the run's files
+LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
 
 
 @pytest.fixture
@@ -115,3 +120,28 @@ def test_this_machines_disk_full_before_mpirun_starts_leaves_no_partial_run(tmp_
     assert_one_line_error(r, "No space left on device")
     assert sorted(p.name for p in full_disk.iterdir()) == before
     filler.unlink()
+
+
+def test_logs_brought_home_onto_a_full_disk_leave_the_old_copies_whole(tmp_path, full_disk):
+    """The end of a container run copies each node's logs and metrics into this machine's run
+    directory: when they no longer fit, the copies already there stay whole (old, never partial)."""
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "loss": 1.0 / e}) + "\n" for e in range(1, 2000)))
+    (node / "rank.0.log").write_bytes(os.urandom(SIZE_MB * 1024 * 1024 // 2))
+    here = full_disk / "run"
+    here.mkdir()
+    (here / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "loss": 1.0}) + "\n")
+    (here / "rank.0.log").write_text("rank 0/2 on node1\n")
+    filler = full_disk / "filler"
+    filler.write_bytes(b"\0" * (SIZE_MB * 1024 * 1024 * 2 // 3))
+    before = {p.name: p.read_bytes() for p in here.iterdir()}
+    with Nodes() as nodes, pytest.raises(EdgetrainError) as err:
+        nodes.fetch(LOCAL, str(node), ["metrics.jsonl", "rank.*.log"], here)
+    assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
+    assert {p.name: p.read_bytes() for p in here.iterdir()} == before  # nothing partial, no staging left
+    filler.unlink()
+    with Nodes() as nodes:
+        assert nodes.fetch(LOCAL, str(node), ["metrics.jsonl", "rank.*.log"], here) == []
+    assert (here / "metrics.jsonl").read_bytes() == (node / "metrics.jsonl").read_bytes()
+    assert sorted(p.name for p in here.iterdir()) == ["metrics.jsonl", "rank.0.log"]
