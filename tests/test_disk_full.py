@@ -21,7 +21,7 @@ from edgetrain.remote import Nodes
 from .conftest import ROOT, edgetrain
 from .test_cli_errors import assert_one_line_error
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.mpi
 
 SIZE_MB = 300  # roomy enough for a few LeNet checkpoints (~19 MB each) and the run's files
 LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
