@@ -6,8 +6,10 @@ left in a log by an earlier attempt can never be blamed (a rank clears its recor
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,17 +43,55 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
           kind: str = "exception") -> Failure:
     f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind)
     # A full disk must not keep a failing rank from ending: what cannot be written is given up.
+    tmp = run_dir / f".rank.{rank}.failure.json.tmp"
     try:
-        tmp = run_dir / f".rank.{rank}.failure.json.tmp"
         tmp.write_text(json.dumps(f.__dict__, indent=1))
         os.replace(tmp, path(run_dir, rank))
     except OSError:
-        pass
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     try:
         print(f"edgetrain: rank {rank} on {host} failed: {error}", flush=True)
     except OSError:
         pass
     return f
+
+
+def from_event(event: dict) -> Failure:
+    """The failure a rank reported as an event (``failed``) on the launcher's stream."""
+    fields = {k: event.get(k) for k in Failure.__dataclass_fields__ if k in event}
+    fields.setdefault("pid", 0)
+    fields.setdefault("time", time.time())
+    fields.setdefault("host", "?")
+    return Failure(**{"rank": 0, "error": "?", **fields})
+
+
+DISK_FULL = "No space left on device"
+
+
+def disk_full(exc: BaseException, run_dir: Path) -> tuple[str, str] | None:
+    """(error, fix) in one line for an exception that is a full disk - an OSError ENOSPC, or
+    TensorFlow's ResourceExhaustedError that carries the same words - else None."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = exc.filename
+    elif DISK_FULL in str(exc):
+        found = re.search(r"(/\S+?)[;:,]? " + DISK_FULL, str(exc))
+        where = found.group(1) if found else None
+    else:
+        return None
+    what = ""
+    if where:
+        try:
+            parts = list(Path(where).relative_to(run_dir).parts)
+        except ValueError:
+            parts = list(Path(where).parts[-2:])
+        if parts[:1] == ["checkpoints"] and len(parts) > 1:
+            epoch = re.match(r"\.?(epoch-\d+)", parts[1])
+            parts = ["checkpoints", epoch.group(1) if epoch else parts[1]]
+        what = f" while writing {'/'.join(parts[:2])}"
+    return f"its run directory's disk is full ({DISK_FULL}){what}", "free disk space on that node, then resume"
 
 
 def ended_path(run_dir: Path, rank: int) -> Path:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__, checkpoints, failures, inventory, mpi, placement, progress, requirements, runs, runtimes, workdir
-from .errors import EdgetrainError, UsageError
+from .errors import EdgetrainError, Interrupted, UsageError
 from .program import STRATEGIES, Program
 
 
@@ -248,6 +248,10 @@ def prepare(req: RunRequest) -> Launch:
         # A run that never started leaves nothing behind, unless it got as far as its containers.
         if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
             shutil.rmtree(created.path, ignore_errors=True)
+        if isinstance(exc, OSError):
+            # This machine's files (the run directory): a full disk, most likely. One line.
+            raise EdgetrainError(f"cannot write {exc.filename or req.runs_dir}: {exc.strerror or exc}",
+                                 f"free disk space on this machine ({req.runs_dir})") from None
         raise
 
 
@@ -284,6 +288,9 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
         status=State.STARTING.value,
         **recorded,
     )
+FAILED_GRACE = 30.0
+
+
 class _Watch(threading.Thread):
     """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
     seconds), a node unreachable on two checks in a row, or no output at all for ``hang_timeout``.
@@ -296,6 +303,9 @@ class _Watch(threading.Thread):
         super().__init__(daemon=True)
         self.launch, self.hang_timeout, self.interval = launch, hang_timeout, interval
         self.last_output = time.monotonic()
+        # When rank 0 reported its failure: a job whose ranks are still there FAILED_GRACE later
+        # (they should have been ended by its MPI_Abort) is stopped.
+        self.rank_failed: float | None = None
         self.failure: tuple[inventory.Host | None, str] | None = None
         self.finished = threading.Event()
 
@@ -309,6 +319,8 @@ class _Watch(threading.Thread):
             now = time.monotonic()
             if now - self.last_output > self.hang_timeout:
                 return self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
+            if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
+                return self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
             try:
                 states = self.launch.runtime.states()
             except EdgetrainError:
@@ -344,10 +356,15 @@ def _tail(run: runs.Run, rank: int, n: int = 15) -> list[str]:
 
 
 def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output: list[str],
-              watched: tuple[inventory.Host | None, str] | None) -> None:
-    """Name the failure: the earliest failure record a rank wrote, else what the watcher saw,
-    else the process Hydra reports as ended badly, else the node whose ssh Hydra lost."""
+              watched: tuple[inventory.Host | None, str] | None, reported: list[failures.Failure] = ()) -> None:
+    """Name the failure: the earliest failure record a rank wrote (or rank 0 reported on its
+    stream, when its disk could not take the record), else what the watcher saw, else the
+    process Hydra reports as ended badly, else the node whose ssh Hydra lost."""
     records = failures.read_all(run.path)
+    recorded = {f.rank for f in records}
+    if any(f.rank not in recorded for f in reported):
+        records = sorted([*records, *(f for f in reported if f.rank not in recorded)],
+                         key=lambda f: (f.kind != "ended-early", f.time))
     done = failures.ended(run.path)
     if records and records[0].kind != "ended-early" and done and len(done) < plan.np and "Horovod" in (records[0].traceback or records[0].error):
         # A collective failed under the others after some ranks' scripts had returned; those may
@@ -416,7 +433,15 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     it started and brings the rank logs into the run directory before this returns.
     """
     run, rt = launch.run, launch.runtime
-    run.update_info(status=State.RUNNING.value)
+    try:
+        run.update_info(status=State.RUNNING.value)
+    except EdgetrainError as exc:
+        # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
+        rt.stop()
+        problems = rt.finish(run)
+        launch.lock.release()
+        raise _unrecorded(launch, Outcome(run, 1, State.FAILED, cleanup_errors=problems), exc) from None
+    record_error: EdgetrainError | None = None
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -430,6 +455,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     state = State.FAILED
     first_step = None
     finished = False
+    reported: list[failures.Failure] = []
     cleanup: list[str] = []
     code = 1
     try:
@@ -448,8 +474,16 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                 last = event
             elif event["event"] == "finished":
                 finished = True
-            elif event["event"] == "start":
-                run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
+            elif event["event"] == "failed":
+                reported.append(failures.from_event(event))
+                watch.rank_failed = watch.rank_failed or time.monotonic()
+            elif event["event"] == "start" and record_error is None:
+                try:
+                    run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
+                except EdgetrainError as exc:
+                    # This machine's disk is full: a run it cannot record is ended now, cleanly.
+                    record_error = exc
+                    rt.stop()
             on_event(event)
         code = proc.wait()
         if finished and code != 0:
@@ -472,7 +506,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                     break  # nothing to watch (the host runtime)
                 else:
                     time.sleep(0.5)
-        state = State.COMPLETED if code == 0 and watch.failure is None else State.FAILED
+        state = State.COMPLETED if code == 0 and watch.failure is None and record_error is None else State.FAILED
     except KeyboardInterrupt:
         state, code = State.INTERRUPTED, 130
         if isinstance(rt, runtimes.HostRuntime):
@@ -493,13 +527,34 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         cleanup = rt.finish(run)
-        attempts = run.info().get("attempts", [])
-        if attempts:
-            attempts[-1]["first_step_s"] = round(first_step, 1) if first_step is not None else None
-        run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        returncode=proc.returncode, attempts=attempts)
-        launch.lock.release()
+        try:
+            attempts = run.info().get("attempts", [])
+            if attempts:
+                attempts[-1]["first_step_s"] = round(first_step, 1) if first_step is not None else None
+            run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                            returncode=proc.returncode, attempts=attempts)
+        except EdgetrainError as exc:
+            record_error = record_error or exc
+        finally:
+            launch.lock.release()
     outcome = Outcome(run, code if state != State.FAILED or code != 0 else 1, state, last, cleanup_errors=cleanup)
     if state == State.FAILED:
-        attribute(run, launch.placement, outcome, output, watch.failure)
+        attribute(run, launch.placement, outcome, output, watch.failure, reported)
+    if record_error is not None:
+        raise _unrecorded(launch, outcome, record_error)
     return outcome
+
+
+def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) -> EdgetrainError:
+    """One line for a run this machine could not record (its disk is full): how it ended, and how
+    to go on. run.json keeps its last whole version."""
+    state = outcome.state if outcome is not None else State.FAILED
+    how = {State.COMPLETED: "completed", State.INTERRUPTED: "was interrupted"}.get(state, "failed")
+    if outcome is not None and outcome.failed_error is not None:
+        who = f"rank {outcome.failed_rank} on {outcome.failed_host}" if outcome.failed_rank is not None else outcome.failed_host
+        how += f" ({who + ': ' if who else ''}{outcome.failed_error})"
+    if outcome is not None and outcome.cleanup_errors:
+        how += f" (cleanup: {'; '.join(outcome.cleanup_errors)})"
+    cls = Interrupted if state is State.INTERRUPTED else EdgetrainError
+    fix = exc.fix if state is State.COMPLETED else f"{exc.fix}, then resume with: {launch.resume_command}"
+    return cls(f"run {launch.run.id} {how}, and this machine could not record it: {exc.problem}", fix)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import fnmatch
 import io
+import os
 import shlex
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -22,6 +24,16 @@ from .inventory import Host
 
 UNREACHABLE = 255  # ssh's own exit status: the command never ran
 PROTECTED = frozenset({"run.json"})  # the controller's own record: no node may overwrite it
+
+
+def _move_into(src: Path, dest: Path) -> None:
+    """Rename every file under ``src`` to the same place under ``dest`` (same file system)."""
+    for path in sorted(src.rglob("*")):
+        target = dest / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        else:
+            os.replace(path, target)
 
 
 def ssh_command(host: Host, *options: str) -> list[str]:
@@ -97,6 +109,12 @@ class Nodes:
         names = list(names)
         dest.mkdir(parents=True, exist_ok=True)
         refused: list[str] = []
+        # Unpacked beside the destination first, then each file renamed into place: a full disk
+        # mid-copy leaves every file there whole (its old version, or the new one), never a part.
+        try:
+            incoming = Path(tempfile.mkdtemp(dir=dest, prefix=".incoming-"))
+        except OSError as exc:
+            raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
 
         def accepted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
             top = member.name.split("/", 1)[0]
@@ -118,17 +136,24 @@ class Nodes:
         timer.start()
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                tar.extractall(dest, filter=accepted)
+                tar.extractall(incoming, filter=accepted)
         except tarfile.ReadError:
             pass  # no archive at all: judged by ssh's status below
         except OSError as exc:
             proc.kill()
+            shutil.rmtree(incoming, ignore_errors=True)
             raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
         finally:
             timer.cancel()
             proc.stdout.close()
             err = proc.stderr.read().decode(errors="replace").strip()
             code = proc.wait()
+        try:
+            _move_into(incoming, dest)
+        except OSError as exc:
+            raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
         if code == -9:
             raise EdgetrainError(f"copying {directory} from {host.name} did not finish within {timeout:.0f} s",
                                  "check that the node is up and reachable")

@@ -50,11 +50,27 @@ class Run:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
 
     def update_info(self, **fields) -> dict:
+        """Rewrite run.json with ``fields`` changed, atomically: a reader (or a crash, or a full
+        disk) sees the old file or the new one, never a part. A write that fails (a full disk)
+        is one EdgetrainError naming the file; the old run.json is left as it was."""
         info = self.info() if self.info_file.exists() else {}
         info.update(fields)
+        data = (json.dumps(info, indent=2, sort_keys=True, default=str) + "\n").encode()
         tmp = self.info_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
-        os.replace(tmp, self.info_file)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.info_file)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
+                                 f"free disk space on this machine ({self.path.parent})") from None
         return info
 
     def metrics(self) -> list[dict]:
@@ -98,8 +114,11 @@ class Run:
         except BlockingIOError:
             os.close(fd)
             raise self._in_use() from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock is the flock, the holder's name only a courtesy
         return RunLock(fd)
 
     def _in_use(self) -> EdgetrainError:

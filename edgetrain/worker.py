@@ -11,9 +11,11 @@ list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import json
 import os
+import re
 import runpy
 import shutil
 import socket
@@ -89,9 +91,14 @@ def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
         os.close(w)
 
         def copy() -> None:
+            # The pipe is drained whatever happens to the log: a full disk must not block the rank
+            # writing its output (it would hang there, and its peers in their next collective).
+            log_ok = console_ok = True
             while block := os.read(r, 65536):
-                os.write(log_fd, block)
-                os.write(console, block)
+                if log_ok:
+                    log_ok = _write_all(log_fd, block)
+                if console_ok:
+                    console_ok = _write_all(console, block)
 
         pump = threading.Thread(target=copy, daemon=True)
         pump.start()
@@ -101,6 +108,24 @@ def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     return console, pump
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write all of ``data``; False (and nothing raised) once the file cannot take more."""
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+        return True
+    except OSError:
+        return False
+
+
+def _say(text: str) -> None:
+    """A line in the rank's log, given up if the log's disk is full."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
 
 
 def link_datasets(data: Path, keras_home: Path) -> list[str]:
@@ -151,8 +176,12 @@ def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Ma
     work = workdir.changed(manifest, cwd) if manifest is not None else {}
     out = workdir.changed(workdir.Manifest(outputs, ()), outputs) if outputs.is_dir() else {}
     tmp = run_dir / f".{OUTPUTS}.tmp"
-    tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
-    os.replace(tmp, run_dir / OUTPUTS)
+    try:
+        tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
+        os.replace(tmp, run_dir / OUTPUTS)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written list is left behind
+        raise
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,14 +197,48 @@ def main(argv: list[str] | None = None) -> None:
     console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
     events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0)
     host = socket.gethostname()
-    print(f"rank {rank}/{size} on {host} (pid {os.getpid()})", flush=True)
-
-    # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
-    private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
-    cwd, outputs = private / "work", private / "outputs"
+    _say(f"rank {rank}/{size} on {host} (pid {os.getpid()})")
     # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
     # hook removes, and the os._exit below skips those hooks: they go in a directory of our own.
     scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
+    code = 1
+    try:
+        code = _run(args, rank, size, host, console, events)
+    except BaseException as exc:  # noqa: BLE001 - a failure of edgetrain's own tail (a full disk...)
+        _failed(run_dir, rank, host, events, exc)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        # Whatever happened above, this rank ends here (never through Python's own exit, whose
+        # atexit hooks wait on MPI), and a failed rank takes the job down with it.
+        _end(code, scratch, pump, abort=size > 1 and code not in (0, 130))
+
+
+def _failed(run_dir: Path, rank: int, host: str, events: Events, exc: BaseException, **how) -> None:
+    """Record a failure: traceback in the log, a failure record, and (rank 0) a "failed" event on
+    the launcher's stream, which needs no disk: on a full disk it is all that gets through."""
+    tb = traceback.format_exc() if "tb" not in how else how.pop("tb")
+    error = how.pop("error", None)
+    if error is None:
+        error, how["fix"] = failures.disk_full(exc, run_dir) or (f"{type(exc).__name__}: {exc}", None)
+    try:
+        sys.stderr.write(tb or "")
+        sys.stderr.flush()
+    except OSError:
+        pass  # the log's disk is full: the record (if it fits) and the event still follow
+    f = failures.write(run_dir, rank, host, error, tb, **how)
+    try:
+        events.emit("failed", **{k: v for k, v in f.__dict__.items() if k != "traceback"})
+    except (OSError, ValueError):
+        pass
+
+
+def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int, events: Events) -> int:
+    """Run the program, then (rank 0) list its outputs and (Horovod) wait for every rank at the
+    final barrier. Returns the rank's exit status."""
+    run_dir = args.run_dir
+    # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
+    private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
+    cwd, outputs = private / "work", private / "outputs"
     manifest = None
     code = 0
     try:
@@ -211,13 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
-            failures.write(run_dir, rank, host, f"the program exited with status {exc.code}", None, kind="exit")
+            _failed(run_dir, rank, host, events, exc, error=f"the program exited with status {exc.code}", tb=None, kind="exit")
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
-        try:
-            traceback.print_exc()
-        except OSError:
-            pass  # the log's disk is full: the failure record (if it fits) and the exit still follow
-        failures.write(run_dir, rank, host, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        _failed(run_dir, rank, host, events, exc)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     if code == 0 and args.strategy == "horovod" and size > 1 and _horovod() is None:
         failures.write(run_dir, rank, host, "the script ended without calling hvd.init(), so every rank trained alone",
@@ -228,10 +287,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
-            print(f"edgetrain: could not list rank 0's outputs: {exc}", flush=True)
+            _say(f"edgetrain: could not list rank 0's outputs: {exc}")
     hvd = _horovod()
     if code == 0 and hvd is not None:
-        failures.mark_ended(run_dir, rank)
+        try:
+            failures.mark_ended(run_dir, rank)
+        except OSError:
+            pass  # a hint for the launcher's attribution, not needed to finish
         try:
             # An allreduce is a barrier: once it completes every rank has run its program to the end.
             hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
@@ -242,23 +304,58 @@ def main(argv: list[str] | None = None) -> None:
                            traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
                            kind="ended-early")
             code = 1
-    _end(code, scratch, pump)
+    return code
 
 
-def _end(code: int, scratch: str, pump: threading.Thread | None) -> None:
+def _end(code: int, scratch: str, pump: threading.Thread | None, abort: bool = False) -> None:
     """End without MPI_Finalize or atexit hooks: MPICH 4.0.2's ch4:ucx can hang in MPI_Finalize
     for good when two ranks of a node and ranks of other nodes talk over TCP (seen on the
-    testbed), and a failed rank must end now so that Hydra ends the others. Hydra mostly takes a
-    status-0 end as clean, but now and then reports a node's second rank as ended badly: the
-    launcher goes by the "finished" event instead."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    shutil.rmtree(scratch, ignore_errors=True)
-    if pump is not None:
-        os.close(1)
-        os.close(2)
-        pump.join(timeout=5)
-    os._exit(code)
+    testbed). Hydra mostly takes a status-0 end as clean, but now and then reports a node's second
+    rank as ended badly: the launcher goes by the "finished" event instead.
+
+    A failed rank (``abort``) calls MPI_Abort: a rank that merely exits is not enough for Hydra
+    to end the others (seen on the testbed: rank 0 failed on a full disk, and the ranks of the
+    other nodes waited in their allreduce for good). Nothing here may keep the rank from ending
+    (a flush into a full disk raises, an abort could block): os._exit comes last, whatever."""
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(scratch, ignore_errors=True)
+        if abort:
+            _abort_job(code)
+        if pump is not None:
+            os.close(1)
+            os.close(2)
+            pump.join(timeout=5)
+    finally:
+        os._exit(code)
+
+
+MPI_COMM_WORLD = 0x44000000  # MPICH's handle (mpi.h)
+ABORT_GRACE = 15.0  # seconds MPI_Abort may take before this rank ends regardless
+
+
+def _abort_job(code: int) -> None:
+    """MPI_Abort(MPI_COMM_WORLD) if this process initialized MPI (Horovod does, from the MPI
+    library it loaded): Hydra then ends every rank of the job on every node."""
+    try:
+        with open("/proc/self/maps") as maps:
+            lib = next((line.split()[-1] for line in maps if re.search(r"/libmpi(ch)?(_\w+)?\.so", line)), None)
+        if lib is None:
+            return
+        mpi = ctypes.CDLL(lib)
+        initialized, finalized = ctypes.c_int(0), ctypes.c_int(0)
+        if mpi.MPI_Initialized(ctypes.byref(initialized)) != 0 or not initialized.value:
+            return
+        if mpi.MPI_Finalized(ctypes.byref(finalized)) != 0 or finalized.value:
+            return
+    except (OSError, AttributeError):
+        return
+    threading.Timer(ABORT_GRACE, os._exit, (code,)).start()
+    mpi.MPI_Abort(ctypes.c_int(MPI_COMM_WORLD), ctypes.c_int(code))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Faults on the testbed's container cluster, as a real Pi cluster meets them: a worker's container
-killed, a worker's or the head's link going dark, the controller killed, two resumes of one run. (A
-full disk on the rank-0 node during a checkpoint is not here yet: it made the run hang, see issue 12.)
-Each asserts how soon it is noticed, what is said, the exit code, that no container is left on any
-node, and that the resume which follows completes.
+killed, a worker's or the head's link going dark, the controller killed, two resumes of one run, the
+rank-0 node's disk full during a checkpoint. Each asserts how soon it is noticed, what is said,
+the exit code, that no container is left on any node, and that the resume which follows completes.
 The figures go to the testbed report."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -172,6 +172,42 @@ def test_a_second_resume_of_a_live_run_is_refused_and_changes_nothing(faults):
         first.proc.send_signal(signal.SIGINT)
         assert first.wait(120)[0] == 130
     assert faults.leftovers() == {}
+
+
+def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(faults, report):
+    node1 = faults.bed.state.head
+    runs_dir = f"{faults.home}/runs"
+    user = pwd.getpwnam(faults.bed.state.login_user)
+    # node1's runs directory becomes a file system of its own, roomy enough for preflight (2 GiB);
+    # once the first checkpoint is written it is filled to 10 MB short, so the second (~20 MB) cannot be.
+    mount = ["nsenter", "-t", str(node1.sshd_pid), "--mount"]
+    run(*mount, "mount", "-t", "tmpfs", "-o", f"size=2100m,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", runs_dir)
+    try:
+        with LongRun(faults) as job:
+            rid = job.checkpoint()
+            free = int(run(*mount, "df", "-B1", "--output=avail", runs_dir).stdout.split()[-1])
+            run(*mount, "sh", "-c", f"head -c {free - 10 * 1024**2} /dev/zero > {runs_dir}/filler")
+            # Rank 0 fails writing checkpoint 2; ranks 1 and 2 wait in their allreduce until it takes them down.
+            code, detected, err = job.wait(180)
+        assert code == 1 and detected < 60, (detected, err[-3000:])
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("edgetrain: error: ") and "rank 0 on node1 failed" in last, last
+        assert f"-i {faults.inventory}" in last and f"--resume {rid}" in last, last
+        assert faults.leftovers() == {}
+        assert faults.run_json(rid)["status"] == "failed"
+        # Only the epoch in progress is lost: the checkpoints before it are whole, no half-written one is left.
+        good = saved(faults, rid)
+        assert f"disk is full (No space left on device) while writing checkpoints/epoch-{good + 1:04d}" in last, last
+        assert faults.node_ls("node1", f"-A {runs_dir}/{rid}/checkpoints") == [f"epoch-{e:04d}" for e in range(1, good + 1)]
+        run(*mount, "rm", f"{runs_dir}/filler")
+        resumed = resume_completes(faults, rid)
+        assert resumed == good
+        report["fault: rank-0 node's disk full during a checkpoint"] = (
+            f"detected in {detected:.1f} s (from the disk filling to the CLI's exit), 0 containers left, "
+            f"named on node1 (disk full); resumed from epoch {resumed}: only epoch {good + 1}, in progress, lost")
+    finally:
+        run(*mount, "rm", "-f", f"{runs_dir}/filler", check=False)
+        run(*mount, "umount", runs_dir, check=False)
 
 
 def test_a_login_shell_that_prints_text_fails_preflight_with_the_fix(faults):
