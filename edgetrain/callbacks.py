@@ -197,6 +197,7 @@ class Evaluations(tf.keras.callbacks.Callback):
     def __init__(self, progress: Progress, data: tf.data.Dataset, every: int, before=None) -> None:
         super().__init__()
         self.progress, self.data, self.every, self.before = progress, data, every, before
+        self.done: int | None = None  # steps done when last called (a resumed run starts mid-count)
 
     def set_model(self, model):
         super().set_model(model)
@@ -214,7 +215,11 @@ class Evaluations(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         done = self.progress.epoch * self.progress.steps + batch + 1
-        if done % self.every or batch + 1 == self.progress.steps:
+        # With steps_per_execution > 1 Keras reports every few steps: evaluate on passing a multiple.
+        before = self.progress.epoch * self.progress.steps if self.done is None else self.done
+        passed = done // self.every > before // self.every
+        self.done = done
+        if not passed or batch + 1 == self.progress.steps:
             return
         start = time.time()
         if self.before is not None:

@@ -126,6 +126,10 @@ class Containers:
         self.node_run_dirs = node_run_dirs
         self.name = f"edgetrain-{run_id}"
         self.listen: dict[str, str | None] = {}
+        # Each container's main process as the node sees it: while it exists the container runs, and
+        # asking /proc costs a node almost nothing, where the docker CLI every few seconds cost an
+        # emulated Pi a tenth of its CPU (docs/scaling.md).
+        self.pids: dict[str, int] = {}
         # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
         # them, their containers end themselves when the lease runs out.
         self.unreachable: set[str] = set()
@@ -169,6 +173,8 @@ class Containers:
                                           f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
+            self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
+                                                         "reading the container's process"))
             self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.lease",
                                     f"{RUN_MOUNT}/{LEASE_FILE}", str(host.lease_seconds)], "starting the container's lease")
             self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"mkdir -p {posixpath.dirname(RUN_AS)} && cat > {RUN_AS}"],
@@ -217,6 +223,15 @@ class Containers:
     def states(self) -> list[NodeState]:
         def one(host: Host) -> NodeState:
             try:
+                pid = self.pids.get(host.name)
+                if pid:
+                    alive = self.nodes.run(host, ["test", "-d", f"/proc/{pid}"], timeout=30)
+                    if alive.returncode == 0:
+                        self.unreachable.discard(host.name)
+                        return NodeState(host, True, "")
+                    if alive.returncode == 255 and not host.is_local:
+                        self.unreachable.add(host.name)
+                        return NodeState(host, False, "unreachable: " + ((alive.stderr.strip().splitlines() or ["no answer"])[-1]))
                 proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name], timeout=30)
             except EdgetrainError as exc:
                 self.unreachable.add(host.name)

@@ -29,6 +29,7 @@ class JobOptions:
     eval_examples: int | None = None
     fp16_allreduce: bool = False
     backward_passes_per_step: int = 1
+    steps_per_execution: int = 8
 
     def given(self) -> list[str]:
         """The options that differ from their defaults, as the user would have typed them."""
@@ -85,7 +86,8 @@ def parse_options(given: list[str]) -> dict[str, str]:
 def _check_numbers(o: JobOptions) -> None:
     for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps),
                         ("--eval-every", o.eval_every), ("--eval-examples", o.eval_examples),
-                        ("--backward-passes-per-step", o.backward_passes_per_step)):
+                        ("--backward-passes-per-step", o.backward_passes_per_step),
+                        ("--steps-per-execution", o.steps_per_execution)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value} must be at least 1")
     if not o.warmup_epochs >= 0:  # also refuses nan
@@ -132,6 +134,7 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
     if o.fp16_allreduce:
         args.append("--fp16-allreduce")
         checkpoint_options["fp16_allreduce"] = True
+    args += ["--steps-per-execution", str(o.steps_per_execution)]
     if o.backward_passes_per_step != 1:
         args += ["--backward-passes-per-step", str(o.backward_passes_per_step)]
         checkpoint_options["backward_passes_per_step"] = o.backward_passes_per_step

@@ -48,6 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-examples", type=int, default=None)
     p.add_argument("--fp16-allreduce", action="store_true")
     p.add_argument("--backward-passes-per-step", type=int, default=1)
+    p.add_argument("--steps-per-execution", type=int, default=1)
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
 
@@ -112,7 +113,10 @@ def train(args: argparse.Namespace) -> dict:
         backward_passes_per_step=args.backward_passes_per_step,
         average_aggregated_gradients=True,
     )
-    net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # Several steps per call of the compiled function: Python's cost per step (Keras' loop, callbacks)
+    # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling.md).
+    net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                steps_per_execution=args.steps_per_execution)
     opt.build(net.trainable_variables)
     state = tf.train.Checkpoint(model=net, optimizer=opt)
 

@@ -57,9 +57,9 @@ def compiled() -> tf.keras.Model:
 class Measure(tf.keras.callbacks.Callback):
     """img/s of each epoch's training steps (validation excluded), and the time since the first step."""
 
-    def __init__(self, steps: int):
+    def __init__(self, steps: int, stop_at: float | None = None):
         super().__init__()
-        self.steps = steps
+        self.steps, self.stop_at = steps, stop_at
         self.first = self.epoch_start = self.train_end = None
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -82,6 +82,9 @@ class Measure(tf.keras.callbacks.Callback):
                 "event": "epoch", "epoch": epoch + 1, "size": hvd.size(), "images_per_sec": self.images_per_sec(),
                 "val_accuracy": logs.get("val_accuracy"), "seconds_from_first_step": time.monotonic() - self.first,
             }), flush=True)
+        # Every rank evaluates the same weights on the whole test set, so all stop after the same epoch.
+        if self.stop_at is not None and logs.get("val_accuracy", 0) >= self.stop_at:
+            self.model.stop_training = True
 
 
 class Calibrate(Measure):
@@ -101,7 +104,7 @@ def train(args: argparse.Namespace) -> None:
     steps = args.steps_per_epoch or len(x) // BATCH
     steps //= hvd.size()
     model.fit(x, y, batch_size=BATCH, epochs=args.epochs, steps_per_epoch=steps, validation_data=(xt, yt),
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Measure(steps)],
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Measure(steps, args.stop_at_accuracy)],
               verbose=0)
 
 
@@ -124,6 +127,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None, help="a folder holding mnist/ (default: this machine's)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--steps-per-epoch", type=int, default=None, help="global steps an epoch (default: the whole set)")
+    p.add_argument("--stop-at-accuracy", type=float, default=None,
+                   help="end after the epoch whose validation reaches this (what timing it to a target needs)")
     p.add_argument("--calibrate", action="store_true")
     args = p.parse_args()
     np.random.seed(42)
