@@ -264,8 +264,10 @@ class Bench:
             trials = [t for t in self.trials if t.nodes == n]
             ips = _median([t.images_per_sec for t in trials])
             eff = ips / (n * one) if ips and one else None
-            # A rank's step at N against one node's: what allreduce and waiting add to it.
-            share = max(0.0, 1 - n * one / ips) if ips and one and n > 1 else None
+            # The allreduce as measured alone (a), against a rank's measured step at N.
+            ar = self.allreduce.get(n)
+            step = n * self.batch_size() / ips if ips else None
+            share = min(1.0, (ar.seconds + ar.latency_seconds) / self.backward_passes / step) if ar and step else None
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]), self.predicted.get(n), trials))
         return out
 

@@ -174,7 +174,7 @@ def bench(
     b = benching.Bench(req)
     points = b.run()
     goal = b.target_accuracy
-    table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "comm share", f"s to {goal:.1%}" if goal else "s to target", box=None)
+    table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share", f"s to {goal:.1%}" if goal else "s to target", box=None)
     for p in points:
         ar = b.allreduce.get(p.nodes)
         table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-", _pct(p.efficiency), _pct(p.predicted_efficiency),
