@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import images
+from . import images, mpi
 from .errors import EdgetrainError
 from .inventory import Host
 from .placement import Placement
@@ -212,12 +212,7 @@ class Containers:
     def mpirun(self, command: list[str]) -> list[str]:
         """The local argv that runs ``mpirun ... command`` in the rank-0 container, output streamed."""
         head = self.plan.head
-        argv = ["mpirun", "-f", MACHINEFILE, "-n", str(self.plan.np)]
-        if head.iface:
-            argv += ["-iface", head.iface]
-        argv += ["-bootstrap", "ssh"]
-        for k, v in head.mpi_env.items():
-            argv += ["-genv", k, v]
+        argv = mpi.mpirun_argv("mpirun", MACHINEFILE, self.plan.np, head.iface, self.plan.rank_env, ssh=True)
         return self.nodes.argv(head, ["docker", "exec", self.name, *argv, *command])
 
     def states(self) -> list[NodeState]:

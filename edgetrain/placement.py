@@ -8,6 +8,9 @@ from .errors import EdgetrainError, UsageError
 from .inventory import DEVICE_GROUPS, Host, Inventory
 
 
+CPU_CYCLE_TIME_MS = 100
+
+
 @dataclass(frozen=True)
 class Placement:
     np: int
@@ -17,6 +20,19 @@ class Placement:
     @property
     def hosts(self) -> tuple[Host, ...]:
         return tuple(h for h, _ in self.ranks)
+
+    @property
+    def rank_env(self) -> dict[str, str]:
+        """What every rank's environment gets: edgetrain's defaults for this placement, then the
+        inventory's ``edgetrain_mpi_env``, which wins."""
+        env = {}
+        if len(self.hosts) > 1 and all(h.device == "cpu" for h in self.hosts):
+            # Horovod's background thread negotiates with every other rank once a cycle, busy
+            # waiting in MPI, even when no tensor is pending: at its default 1 ms cycle an idle
+            # 3-node job used all of an emulated Pi's CPU (docs/scaling.md). CPU nodes' steps
+            # take hundreds of ms, so a longer cycle costs them little.
+            env["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
+        return {**env, **self.head.mpi_env}
 
     @property
     def head(self) -> Host:

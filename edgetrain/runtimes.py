@@ -156,7 +156,7 @@ class HostRuntime(Runtime):
         machinefile = run.path / "machinefile"
         machinefile.write_text(self.plan.machinefile())
         iface = self.plan.head.iface if len(self.plan.hosts) > 1 else None
-        argv = mpi.mpirun_argv(self.mpirun_exe, str(machinefile), self.plan.np, iface, self.plan.head.mpi_env, ssh=False)
+        argv = mpi.mpirun_argv(self.mpirun_exe, str(machinefile), self.plan.np, iface, self.plan.rank_env, ssh=False)
         return [*argv, *worker]
 
     def record(self, run: runs.Run) -> dict:

@@ -121,3 +121,11 @@ def test_ranks_never_span_aarch64_and_x86_64(tmp_path):
     with pytest.raises(UsageError) as err:
         placement.plan(inv, 11)
     assert "aarch64: pi0, pi1, pi2; x86_64: nuc" in str(err.value) and "--group" in str(err.value)
+
+
+def test_ranks_on_several_cpu_nodes_get_a_long_horovod_cycle_unless_the_inventory_says_otherwise(tmp_path):
+    inv = inventory.load(write(tmp_path, CLUSTER))
+    assert placement.plan(inv, 4).rank_env == {}  # one host: no negotiation between nodes
+    assert placement.plan(inv, 6).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}
+    mine = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CYCLE_TIME: 5, UCX_TLS: tcp}\n")
+    assert placement.plan(inventory.load(mine), 6).rank_env == {"HOROVOD_CYCLE_TIME": "5", "UCX_TLS": "tcp"}
