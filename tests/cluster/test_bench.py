@@ -33,7 +33,8 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     body = json.loads((d / "bench.json").read_text())
     (ar,) = body["allreduce"]
     assert ar["nodes"] == 2 and ar["bytes"] == 4 * 1_630_090  # LeNet's trainable parameters, float32
-    assert 0 < ar["latency_seconds"] < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
+    # Not latency < seconds: on CPU nodes both wait for Horovod's 100 ms cycle, which can dominate.
+    assert 0 < ar["latency_seconds"] < 10 and 0 < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
     points = {p["nodes"]: p for p in body["points"]}
     assert points[1]["efficiency"] == pytest.approx(1.0)
     assert 0 < points[2]["efficiency"] and 0 < points[2]["predicted_efficiency"] < 1
