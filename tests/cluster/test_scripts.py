@@ -4,12 +4,12 @@ collected; TensorFlow's MultiWorkerMirroredStrategy across the nodes; failures n
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
+from edgetrain import runs
 from tests.conftest import ROOT, edgetrain
 
 from .conftest import run_id_of
@@ -149,7 +149,7 @@ def test_the_same_model_trains_with_horovod_and_with_multiworker(cluster, report
                       "--", "--epochs", "2", "--steps-per-epoch", "40", env=cluster.env, timeout=1200)
         after = cluster.bed.link_bytes()
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        metrics = [json.loads(line) for line in (cluster.runs / run_id_of(r.stdout) / "metrics.jsonl").read_text().splitlines()]
+        metrics = runs.Run(cluster.runs / run_id_of(r.stdout)).metrics()  # the epochs' lines
         assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["ranks"] == 4
         moved = {n: (after[n] - before[n]) / 1e6 for n in after}
         assert moved["node3"] > 100, moved
