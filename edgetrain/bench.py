@@ -199,8 +199,10 @@ class Bench:
             return self.program
         o = self.req.options
         steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
+        # A multiple of the steps per execution, which evaluations can only fall between.
+        quarter = max(o.steps_per_execution, steps // 4 // o.steps_per_execution * o.steps_per_execution)
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy,
-                                                              eval_every=o.eval_every or max(1, steps // 4)))
+                                                              eval_every=o.eval_every or quarter))
 
     def train(self, n: int, attempt: int) -> Trial:
         run, outcome, _ = self._launch(self.program_for(n), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")

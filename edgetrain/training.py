@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -115,8 +116,10 @@ def train(args: argparse.Namespace) -> dict:
     )
     # Several steps per call of the compiled function: Python's cost per step (Keras' loop, callbacks)
     # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling.md).
+    # Keras reports (and evaluations can happen) only between executions: they must divide --eval-every.
+    per_call = math.gcd(args.steps_per_execution, args.eval_every) if args.eval_every else args.steps_per_execution
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                steps_per_execution=args.steps_per_execution)
+                steps_per_execution=per_call)
     opt.build(net.trainable_variables)
     state = tf.train.Checkpoint(model=net, optimizer=opt)
 
