@@ -107,10 +107,8 @@ def gradient_bytes(program: Program) -> int:
     """A built-in job's gradient: 4 bytes per trainable parameter of its model."""
     if program.job is None:
         raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # its start-up lines are not this command's output
-    import tensorflow as tf  # noqa: F401 - the job's model is built only to be counted
-
-    net = program.job.load().model({k: v for k, v in program.checkpoint_options.items() if k != "batch_size"})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines are not this command's output
+    net = program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
     return 4 * sum(int(v.shape.num_elements()) for v in net.trainable_variables)
 
 

@@ -29,26 +29,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from edgetrain import datasets  # noqa: E402
+from edgetrain.jobs.lenet import model as lenet  # noqa: E402 - the same network as the built-in job
 
 BATCH = 64
 
 
-def lenet() -> tf.keras.Model:
-    layers = tf.keras.layers
-    return tf.keras.Sequential([
-        tf.keras.Input((28, 28, 1)),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Conv2D(64, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(512, activation="relu"),
-        layers.Dense(10, activation="softmax"),
-    ])
-
-
 def compiled() -> tf.keras.Model:
-    model = lenet()
+    model = lenet({})
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
