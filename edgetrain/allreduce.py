@@ -3,7 +3,7 @@
 ``mpirun ... python -m edgetrain.worker --module edgetrain.allreduce -- --bytes 6520000``: every rank
 allreduces a float32 tensor of that size (and an 8-byte one, for latency) through Horovod, so the
 figures include its background thread, its negotiation and MPICH's algorithm on these links and
-CPUs. Rank 0 reports, as an ``allreduce`` event: wall seconds per operation (the slowest rank's)
+CPUs (Gloo's or MPICH's, whichever the launch gave Horovod). Rank 0 reports, as an ``allreduce`` event: wall seconds per operation (the slowest rank's)
 and the CPU seconds a rank's process spent per operation (all its threads: the polling included),
 the busiest rank's.
 """
@@ -21,6 +21,12 @@ import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from .callbacks import events  # noqa: E402
+
+# Horovod starts a collective only at a turn of its cycle, and CPU nodes get long cycles: back to
+# back, the allreduces would time the cycle, not the transfer. The probe runs a short cycle of its
+# own and reports the launch's, whose wait the prediction adds (bench.Allreduce.per_update).
+PROBE_CYCLE_MS = 5
+HOROVOD_DEFAULT_CYCLE_MS = 1.0
 
 
 def _cpu() -> float:
@@ -47,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--fp16", action="store_true", help="compress to float16 on the wire, as --fp16-allreduce does")
     args = p.parse_args(argv)
+    cycle_ms = float(os.environ.get("HOROVOD_CYCLE_TIME", HOROVOD_DEFAULT_CYCLE_MS))
+    os.environ["HOROVOD_CYCLE_TIME"] = str(PROBE_CYCLE_MS)
     hvd.init()
     compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
     grad = tf.ones([max(1, args.bytes // 4)], dtype=tf.float32)
@@ -56,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     if not bool(tf.reduce_all(check == hvd.size())):
         raise SystemExit(f"allreduce returned {check.numpy()}, expected {hvd.size()} everywhere")
     events().emit("allreduce", ranks=hvd.size(), bytes=args.bytes, fp16=args.fp16, iters=args.iters,
-                  seconds=wall, cpu_seconds=cpu, latency_seconds=small_wall)
+                  seconds=wall, cpu_seconds=cpu, latency_seconds=small_wall, transport="gloo" if hvd.gloo_enabled() else "mpi", cycle_seconds=cycle_ms / 1e3)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,18 @@ class Allreduce:
     cpu_seconds: float  # the busiest rank's CPU time per allreduce (every thread: polling included)
     latency_seconds: float
     run: str
+    transport: str = "mpi"  # whose collectives Horovod used: gloo or mpi
+    cycle_seconds: float = 0.001  # the launch's Horovod cycle (the probe times its own short one)
 
     @property
     def mb_per_s(self) -> float:
         return self.bytes / self.seconds / 1e6
+
+    @property
+    def per_update(self) -> float:
+        """What one gradient allreduce adds to a training step: the transfer, and on average half
+        a cycle's wait for Horovod's next turn (a step's gradients arrive at no particular point of it)."""
+        return self.seconds + self.cycle_seconds / 2
 
 
 @dataclass
@@ -114,9 +122,8 @@ def gradient_bytes(program: Program) -> int:
 
 def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> float:
     """E(N) if nothing overlaps: a rank's step is one node's compute plus its share of one allreduce
-    (measured on these nodes, so a slow node's CPU cost is in it) and one negotiation round trip."""
-    comm = (ar.seconds + ar.latency_seconds) / backward_passes
-    return step_seconds / (step_seconds + comm)
+    (measured on these nodes, so a slow node's CPU cost is in it) and of the wait for Horovod's cycle."""
+    return step_seconds / (step_seconds + ar.per_update / backward_passes)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -132,6 +139,21 @@ def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | Non
         if e["val_accuracy"] >= target and e.get("seconds") is not None:
             return e["seconds"], e.get("images")
     return None, None
+
+
+def steady_rate(run: runs.Run) -> float | None:
+    """Training img/s after warm-up: between the first and the last evaluation (each record's clock
+    includes its own evaluation, which is left out), else the last epoch's. A run stopped at its
+    target inside epoch 1 has only that epoch, whose figure carries TensorFlow's tracing."""
+    evals = [e for e in run.evaluations() if e.get("images") and e.get("seconds") is not None
+             and e.get("eval_seconds") is not None and "resumed_after_epoch" not in e]
+    if len(evals) >= 2:
+        first, last = evals[0], evals[-1]
+        seconds = last["seconds"] - first["seconds"] - sum(e["eval_seconds"] for e in evals[1:])
+        if seconds > 0 and last["images"] > first["images"]:
+            return (last["images"] - first["images"]) / seconds
+    epochs = [m for m in run.metrics() if m.get("images_per_sec")]
+    return epochs[-1]["images_per_sec"] if epochs else None
 
 
 class Bench:
@@ -189,7 +211,7 @@ class Bench:
             raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.failed_error or outcome.state.value})",
                                  f"its logs: {run.path}")
         e = found[-1]
-        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id)
+        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"])
 
     def program_for(self, n: int) -> Program:
         """The job as it runs on ``n`` nodes: timed to the target, evaluated four times an epoch unless told."""
@@ -211,8 +233,7 @@ class Bench:
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
-        # The first epoch carries TensorFlow's tracing: the last one is the steady rate.
-        ips = epochs[-1]["images_per_sec"] if epochs else None
+        ips = steady_rate(run)
         seconds, images = _seconds_to_target(run, self.target_accuracy)
         return Trial(n, run.id, ips, seconds, images, outcome.state.value)
 
@@ -226,8 +247,8 @@ class Bench:
             + (" (fp16 on the wire)" if self.fp16 else ""))
         for n in (n for n in self.nodes if n > 1):
             ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
-            log(f"(a) allreduce on {n} nodes: {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
-                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, latency {ar.latency_seconds * 1e3:.2f} ms")
+            log(f"(a) allreduce on {n} nodes ({ar.transport}): {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
+                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
             self.save()
         for attempt in range(1, req.repeat + 1):
             for n in self.nodes:
@@ -267,7 +288,7 @@ class Bench:
             # The allreduce as measured alone (a), against a rank's measured step at N.
             ar = self.allreduce.get(n)
             step = n * self.batch_size() / ips if ips else None
-            share = min(1.0, (ar.seconds + ar.latency_seconds) / self.backward_passes / step) if ar and step else None
+            share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]), self.predicted.get(n), trials))
         return out
 

@@ -19,7 +19,7 @@ from .remote import Nodes
 
 HOROVOD_BUILD = (
     "import json, horovod.tensorflow as hvd; "
-    "print(json.dumps({'mpi': bool(hvd.mpi_built())}))"
+    "print(json.dumps({'mpi': bool(hvd.mpi_built()), 'gloo': bool(hvd.gloo_built())}))"
 )
 
 
@@ -40,7 +40,9 @@ def check_horovod() -> Check:
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     if not built["mpi"]:
         raise EdgetrainError("Horovod was built without MPI", "rebuild it: pip uninstall horovod, then make setup")
-    return Check("horovod", True, "TensorFlow + MPI")
+    # Without Gloo training still works; on several CPU nodes its collectives poll (edgetrain.rendezvous).
+    return Check("horovod", True, "TensorFlow + MPI + Gloo" if built["gloo"] else
+                 "TensorFlow + MPI, no Gloo: several CPU nodes wait by polling (make setup rebuilds it)")
 
 
 def check_probe(np: int = 2) -> Check:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import rendezvous
 from .errors import EdgetrainError, UsageError
 from .inventory import DEVICE_GROUPS, Host, Inventory
 
 
 CPU_CYCLE_TIME_MS = 100
+# How long a Gloo collective waits for a peer before failing the rank. Generous: a rank's own
+# slow work (rank 0 saving a model to an SD card) must not fail the others; a dead node is
+# noticed sooner by the launcher (its ssh keepalives) or by the peers' closed connections.
+GLOO_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,13 @@ class Placement:
             # 3-node job used all of an emulated Pi's CPU (docs/scaling.md). CPU nodes' steps
             # take hundreds of ms, so a longer cycle costs them little.
             env["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
+            mine = {rendezvous.CONTROLLER, rendezvous.OPERATIONS} & self.head.mpi_env.keys()
+            if self.head.iface and not mine:
+                # Gloo waits without polling (edgetrain.rendezvous); it finds its peers on the
+                # cluster interface, which like MPICH's -iface is the head's name for it. An
+                # inventory that picks either half itself picks both (Horovod 0.28 crashes on an
+                # MPI controller with Gloo collectives).
+                env.update(rendezvous.rank_env(self.head.iface, GLOO_TIMEOUT_S))
         return {**env, **self.head.mpi_env}
 
     @property

@@ -25,7 +25,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import failures, workdir
+from . import failures, rendezvous, workdir
 from .progress import Events
 
 # Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
@@ -263,6 +263,8 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             # One GPU per worker, as Horovod ranks get with pin_gpu: the node's n-th worker the n-th GPU.
             if "CUDA_VISIBLE_DEVICES" not in os.environ and glob.glob("/dev/nvidia[0-9]*"):
                 os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MPI_LOCALRANKID", "0")
+        else:
+            rendezvous.set_up()  # rank 0's server answers from a thread of its own
         if args.module:
             sys.argv = [args.program, *args.args]
             runpy.run_module(args.program, run_name="__main__", alter_sys=True)

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from edgetrain import bench
+from edgetrain import bench, runs
 
 from .conftest import edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
@@ -39,12 +40,31 @@ def test_a_script_needs_its_gradient_size(tmp_path):
     assert not runs.exists() or not any(runs.iterdir())
 
 
-def test_prediction_is_compute_over_compute_plus_the_allreduce_share():
-    ar = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.090, cpu_seconds=0.05, latency_seconds=0.010, run="r")
-    # One node: 64 images at 250 img/s, 256 ms a step; the allreduce adds 100 ms.
+def test_prediction_is_compute_over_compute_plus_the_allreduce_and_half_a_cycle():
+    ar = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010, run="r",
+                         cycle_seconds=0.040)
+    # One node: 64 images at 250 img/s, 256 ms a step; the allreduce adds 80 ms and half a 40 ms cycle.
     assert bench.predict(64 / 250, ar) == pytest.approx(0.256 / 0.356)
     # Accumulating two batches per allreduce halves what it adds to a step.
     assert bench.predict(64 / 250, ar, backward_passes=2) == pytest.approx(0.256 / 0.306)
+
+
+def _run_with(path, records: list[dict]) -> runs.Run:
+    run = runs.Run(path)
+    run.path.mkdir()
+    run.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_steady_rate_leaves_out_warm_up_and_evaluations(tmp_path):
+    # A run stopped at its target inside epoch 1: that epoch's 200 img/s carries TensorFlow's tracing.
+    evals = [{"kind": "eval", "epoch": 1, "step": 100 * k, "images": 6400 * k, "seconds": 40.0 * k + 5.0,
+              "eval_seconds": 5.0, "val_accuracy": 0.9 + k / 100} for k in (1, 2, 3)]
+    run = _run_with(tmp_path / "stopped", [*evals, {"epoch": 1, "images_per_sec": 200.0}])
+    # Between the first and last evaluation: 12,800 images in 80 s, less the two later evaluations' 10 s.
+    assert bench.steady_rate(run) == pytest.approx(12_800 / 70)
+    one_eval = _run_with(tmp_path / "one-eval", [evals[0], {"epoch": 1, "images_per_sec": 200.0}])
+    assert bench.steady_rate(one_eval) == 200.0
 
 
 def _body(rates: dict[int, float]) -> dict:

@@ -123,9 +123,13 @@ def test_ranks_never_span_aarch64_and_x86_64(tmp_path):
     assert "aarch64: pi0, pi1, pi2; x86_64: nuc" in str(err.value) and "--group" in str(err.value)
 
 
-def test_ranks_on_several_cpu_nodes_get_a_long_horovod_cycle_unless_the_inventory_says_otherwise(tmp_path):
+def test_ranks_on_several_cpu_nodes_get_gloo_and_a_long_horovod_cycle_unless_the_inventory_says_otherwise(tmp_path):
     inv = inventory.load(write(tmp_path, CLUSTER))
     assert placement.plan(inv, 4).rank_env == {}  # one host: no negotiation between nodes
-    assert placement.plan(inv, 6).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}
-    mine = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CYCLE_TIME: 5, UCX_TLS: tcp}\n")
-    assert placement.plan(inventory.load(mine), 6).rank_env == {"HOROVOD_CYCLE_TIME": "5", "UCX_TLS": "tcp"}
+    assert placement.plan(inv, 6).rank_env == {
+        "HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_GLOO_TIMEOUT_SECONDS": str(placement.GLOO_TIMEOUT_S)}
+    mine = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CYCLE_TIME: 5, UCX_TLS: tcp, HOROVOD_CPU_OPERATIONS: mpi}\n")
+    assert placement.plan(inventory.load(mine), 6).rank_env == {"HOROVOD_CYCLE_TIME": "5", "UCX_TLS": "tcp", "HOROVOD_CPU_OPERATIONS": "mpi"}
+    no_iface = write(tmp_path, CLUSTER.replace("    edgetrain_iface: eth0\n", ""))
+    assert placement.plan(inventory.load(no_iface), 6).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}

@@ -6,6 +6,11 @@ a user script (``edgetrain run seed_lenet.py``: the same mpirun in the same cont
 starts at its own first step, so the launcher is not in its figure) and stops after the epoch
 whose validation reaches the target; ``edgetrain run lenet`` runs at its defaults with the target,
 evaluating four times an epoch. Both times count every evaluation.
+
+A user script gets what edgetrain gives every launch on several CPU nodes (Gloo, a long Horovod
+cycle); ``--seed-inventory`` runs the seed with another inventory, e.g. one whose
+``edgetrain_mpi_env`` is Horovod's own defaults, as plain mpirun would give it
+(``{HOROVOD_CONTROLLER: mpi, HOROVOD_CPU_OPERATIONS: mpi, HOROVOD_CYCLE_TIME: 1}``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ def edgetrain(inv: str, n: int, target: float, epochs: int, runs_dir: str, extra
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster.seed_compare", description=__doc__)
     p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("--seed-inventory", help="the seed's inventory (default: --inventory)")
     p.add_argument("--nodes", default="1,3")
     p.add_argument("--target", type=float, default=0.985)
     p.add_argument("--epochs", type=int, default=6, help="at most")
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         for n in map(int, args.nodes.split(",")):
             print(json.dumps(edgetrain(args.inventory, n, args.target, args.epochs, args.runs_dir, args.extra)), flush=True)
-            print(json.dumps(seed(args.inventory, n, args.target, args.epochs, args.runs_dir)), flush=True)
+            print(json.dumps(seed(args.seed_inventory or args.inventory, n, args.target, args.epochs, args.runs_dir)), flush=True)
     return 0
 
 

@@ -25,7 +25,7 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
                   "--max-steps", "8", "--target-accuracy", "0.2", env=cluster.env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "(a) allreduce on 2 nodes" in r.stdout
+    assert "(a) allreduce on 2 nodes (gloo)" in r.stdout
     # The prediction comes after one node's run and before the first two-node run.
     out = r.stdout
     assert out.index("(c) 1 node") < out.index("(d) predicted") < out.index("(c) 2 nodes"), out
@@ -33,6 +33,7 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     body = json.loads((d / "bench.json").read_text())
     (ar,) = body["allreduce"]
     assert ar["nodes"] == 2 and ar["bytes"] == 4 * 1_630_090  # LeNet's trainable parameters, float32
+    assert ar["transport"] == "gloo"  # the default on several CPU nodes
     # Not latency < seconds: on CPU nodes both wait for Horovod's 100 ms cycle, which can dominate.
     assert 0 < ar["latency_seconds"] < 10 and 0 < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
     points = {p["nodes"]: p for p in body["points"]}
