@@ -8,8 +8,8 @@ not assumed:
 Method: one process of the seed-style LeNet recipe (``seed_lenet.py --calibrate``, batch 64, one
 rank) warms up unthrottled in a group of its own, then trains fixed numbers of steps while the
 quota is moved: starting from the unthrottled rate, each measurement rescales the quota by
-target / measured (img/s is close to proportional to CPU time), until one lands within 3% of the
-target; the median of three confirming measurements is recorded. Results are kept per machine
+target / measured (img/s is close to proportional to CPU time), until the median of three
+measurements lands within 3% of the target. Results are kept per machine
 (CPU model, core count, period, TensorFlow) in ``<testbed root>/calibration.json``, so a later
 ``up --emulate`` reuses them; a real Pi's figure replaces the target with one number.
 """
@@ -140,6 +140,58 @@ def _version(dist: str) -> str | None:
         return None
 
 
+class SeedMeter:
+    """One process of the seed recipe (``seed_lenet.py --calibrate``) in a cpu group of its own.
+
+    Entering starts it and waits for its warm-up epoch (unthrottled); ``measure()`` trains one epoch
+    of ``steps`` steps and returns its img/s under whatever quota ``group.limit`` set meanwhile.
+    """
+
+    def __init__(self, group_name: str, steps: int, python: str = sys.executable):
+        self.group, self.steps, self.python = CpuGroup(group_name), steps, python
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> SeedMeter:
+        self.group.create()
+        self.proc = subprocess.Popen([self.python, str(SEED), "--calibrate", "--steps-per-epoch", str(self.steps)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        try:
+            self.group.move(self.proc.pid)
+            self._next_event()  # ready: the warm-up epoch is done
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.group.remove()
+
+    def _next_event(self) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError("the seed process measuring img/s ended early")
+
+    def measure(self) -> float:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write("measure\n")
+        self.proc.stdin.flush()
+        return self._next_event()["images_per_sec"]
+
+    def median(self, n: int = 3) -> float:
+        return statistics.median(self.measure() for _ in range(n))
+
+
+def measurement_steps(target: float) -> int:
+    """About 10 s of training per measurement at the target rate."""
+    return max(20, int(target * 10 / 64))
+
+
 def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
               python: str = sys.executable, log=print) -> Emulation:
     """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s."""
@@ -149,47 +201,22 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
     if hit:
         return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period_us, quota_us=hit["quota_us"])
 
-    group = CpuGroup(group_name)
-    group.create()
-    # About 10 s of training per measurement at the target rate.
-    steps = max(20, int(target * 10 / 64))
-    proc = subprocess.Popen([python, str(SEED), "--calibrate", "--steps-per-epoch", str(steps)], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        group.move(proc.pid)
-        assert proc.stdout is not None and proc.stdin is not None
-
-        def next_event() -> dict:
-            for line in proc.stdout:
-                if line.startswith("{"):
-                    return json.loads(line)
-            raise RuntimeError("the calibration process ended early")
-
-        def measure() -> float:
-            proc.stdin.write("measure\n")
-            proc.stdin.flush()
-            return next_event()["images_per_sec"]
-
-        next_event()  # ready: the warm-up epoch is done
-        full = measure()
+    with SeedMeter(group_name, measurement_steps(target), python) as meter:
+        full = meter.measure()
         cores = len(os.sched_getaffinity(0))
         quota = min(cores * period_us, int(period_us * cores * target / full))
-        for attempt in range(8):
-            group.limit(quota, period_us)
-            rate = measure()
+        # Each step is judged on the median of three measurements: single ones wander by several
+        # percent on a shared machine, and one lucky measurement must not end the search.
+        for attempt in range(6):
+            meter.group.limit(quota, period_us)
+            rate = meter.median()
             log(f"calibration: quota {quota} us / {period_us} us -> {rate:.0f} img/s (target {target:g})")
             if abs(rate - target) <= 0.03 * target:
                 break
             quota = max(1000, int(quota * target / rate))
         else:
             raise RuntimeError(f"calibration to {target:g} img/s did not converge (last {rate:.0f} img/s at quota {quota} us)")
-        confirm = statistics.median(measure() for _ in range(3))
-        log(f"calibration: confirmed {confirm:.0f} img/s at {quota / period_us:.3f} of a core")
-    finally:
-        proc.kill()
-        proc.wait()
-        group.remove()
     if cache is not None:
-        known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "measured": round(confirm, 1), "unthrottled": round(full, 1)}
+        known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "measured": round(rate, 1), "unthrottled": round(full, 1)}
         cache.write_text(json.dumps(known, indent=2))
     return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period_us, quota_us=quota)
