@@ -124,6 +124,15 @@ class HostRuntime(Runtime):
             )
         self.mpirun_exe = mpi.mpirun_path()
         self.data = {d: datasets.locate(d, self.data_dir_option) for d in program.datasets}
+        # As on a provisioned node, every dataset this machine has is staged, so that a script's
+        # Keras load_data() finds it offline without naming it; --dataset only makes one required.
+        self.staged = dict(self.data)
+        for d in datasets.DATASETS:
+            if d not in self.staged:
+                try:
+                    self.staged[d] = datasets.locate(d, self.data_dir_option)
+                except EdgetrainError:
+                    pass
         if program.requirements is not None:
             requirements.install_here(program.requirements, requirements.read(program.requirements), self.log)
         self.versions = {"python": sys.version.split()[0], "mpich": mpi.mpich_version(self.mpirun_exe)}
@@ -144,7 +153,7 @@ class HostRuntime(Runtime):
 
     def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
         # The ranks find every dataset under one directory, as they do in a container.
-        for found in getattr(self, "data", {}).values():
+        for found in getattr(self, "staged", {}).values():
             d = run.path / "data" / found.dataset
             d.mkdir(parents=True, exist_ok=True)
             for p in found.paths:

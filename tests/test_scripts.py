@@ -70,9 +70,15 @@ def test_an_unchanged_folder_is_not_shipped_again(tmp_path):
 
 def test_horovod_keras_example_trains_and_rank0_checkpoint_is_an_output(tmp_path):
     root = tmp_path / "runs"
+    # A home with no Keras cache, as on a new machine: the script names no --dataset, yet its
+    # fashion_mnist.load_data() must find this machine's copy, offline.
+    home = tmp_path / "home"
+    home.mkdir()
     r = edgetrain("run", str(EXAMPLES / "horovod_keras" / "train.py"), "--np", "2", "--runs-dir", str(root),
-                  "--", "--epochs", "2", "--steps-per-epoch", "10")
+                  "--", "--epochs", "2", "--steps-per-epoch", "10", env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (home / ".keras" / "datasets" / "fashion-mnist").iterdir()) == [
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
     run = only_run(root)
     assert (run.path / "work" / "checkpoint-2.h5").is_file()
     assert not list((run.path / "ranks" / "1" / "work").glob("checkpoint-*.h5"))  # rank 0 alone saves
