@@ -207,7 +207,7 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
         quota = min(cores * period_us, int(period_us * cores * target / full))
         # Each step is judged on the median of three measurements: single ones wander by several
         # percent on a shared machine, and one lucky measurement must not end the search.
-        for attempt in range(6):
+        for _ in range(6):
             meter.group.limit(quota, period_us)
             rate = meter.median()
             log(f"calibration: quota {quota} us / {period_us} us -> {rate:.0f} img/s (target {target:g})")
