@@ -17,8 +17,11 @@ def pi4(profile: str, period_us: int):
         rate = parse_profile(profile)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
-                     log=lambda line: print(line, file=sys.stderr))
+    try:
+        return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
+                         log=lambda line: print(line, file=sys.stderr))
+    except RuntimeError as e:  # the period cannot hold the rate, or the search did not converge
+        raise SystemExit(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

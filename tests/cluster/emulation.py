@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # img/s of one Pi 4 training LeNet at batch 64 (the seed recipe), by profile; 250 is the default.
 PI4_RATES = {"pi4": 250.0, "pi4-slow": 150.0, "pi4-fast": 400.0}
 DEFAULT_PERIOD_US = 10_000
+# The kernel refuses a CFS quota below 1 ms (EINVAL), so a short period cannot carry a small quota.
+MIN_QUOTA_US = 1_000
 
 
 @dataclass
@@ -204,7 +206,7 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
     with SeedMeter(group_name, measurement_steps(target), python) as meter:
         full = meter.measure()
         cores = len(os.sched_getaffinity(0))
-        quota = min(cores * period_us, int(period_us * cores * target / full))
+        quota = max(MIN_QUOTA_US, min(cores * period_us, int(period_us * cores * target / full)))
         # Each step is judged on the median of three measurements: single ones wander by several
         # percent on a shared machine, and one lucky measurement must not end the search.
         for _ in range(6):
@@ -213,7 +215,10 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
             log(f"calibration: quota {quota} us / {period_us} us -> {rate:.0f} img/s (target {target:g})")
             if abs(rate - target) <= 0.03 * target:
                 break
-            quota = max(1000, int(quota * target / rate))
+            if quota == MIN_QUOTA_US and rate > target:
+                raise RuntimeError(f"a {period_us} us period cannot emulate {target:g} img/s here: the kernel's smallest quota "
+                                   f"({MIN_QUOTA_US} us) already gives {rate:.0f} img/s; use a longer period")
+            quota = max(MIN_QUOTA_US, int(quota * target / rate))
         else:
             raise RuntimeError(f"calibration to {target:g} img/s did not converge (last {rate:.0f} img/s at quota {quota} us)")
     if cache is not None:
