@@ -20,7 +20,7 @@ def pi4(profile: str, period_us: int):
     try:
         return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
                          log=lambda line: print(line, file=sys.stderr))
-    except RuntimeError as e:  # the period cannot hold the rate, or the search did not converge
+    except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
 
 
