@@ -24,6 +24,13 @@ def pi4(profile: str, period_us: int):
         raise SystemExit(str(e)) from None
 
 
+def load(tid: str) -> Testbed:
+    """A recorded testbed, or one line naming the ones there are."""
+    if tid not in Testbed.recorded():
+        raise SystemExit(f"no testbed {tid!r} under {DEFAULT_ROOT} (recorded: {', '.join(Testbed.recorded()) or 'none'})")
+    return Testbed.load(tid)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -53,18 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         bed.emulate(emulation)
         print(json.dumps(bed.status(), indent=2))
     elif args.cmd == "emulate":
-        bed = Testbed.load(args.id)
+        bed = load(args.id)
         bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us))
         print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():
-            Testbed.load(tid).down()
+            load(tid).down()
             print(f"removed {tid}")
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
     elif args.cmd == "bench":
-        bed = Testbed.load(args.id)
+        bed = load(args.id)
         link = "tbf 1 Gbit/s" if bed.state.shaped else "unshaped"
         print(f"MPI_Allreduce, 2 ranks on {bed.state.nodes[0].name} and {bed.state.nodes[1].name}, UCX_TLS=tcp,self, links {link}")
         for row in allreduce_bandwidth(bed, python=args.python, sizes=[m << 20 for m in args.mib]):
