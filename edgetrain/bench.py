@@ -9,8 +9,10 @@ On any inventory, one rank per node:
       and the time to the target accuracy;
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus the allreduce as measured on these nodes (so its CPU cost on a slow node
-      is in it, not only the link), divided by the steps it is shared over
-      (``backward_passes_per_step``); printed, then set beside the measurement;
+      is in it, not only the link) and Horovod's cycle, divided by the steps it is shared over
+      (``backward_passes_per_step``). How much of the allreduce hides behind the backward pass
+      depends on where the model keeps its parameters, so it is a band - nothing hidden, all of
+      it hidden - and its middle; printed, then set beside the measurement;
   (e) ``bench.json`` and a plot (``bench.svg``) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
@@ -93,6 +95,7 @@ class Point:
     seconds_to_target: float | None
     predicted_efficiency: float | None
     trials: list[Trial]
+    predicted_range: tuple[float, float] | None = None
 
 
 def parse_nodes(spec: str | None) -> list[int] | None:
@@ -120,10 +123,28 @@ def gradient_bytes(program: Program) -> int:
     return 4 * sum(int(v.shape.num_elements()) for v in net.trainable_variables)
 
 
-def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> float:
-    """E(N) if nothing overlaps: a rank's step is one node's compute plus its share of one allreduce
-    (measured on these nodes, so a slow node's CPU cost is in it) and of the wait for Horovod's cycle."""
-    return step_seconds / (step_seconds + ar.per_update / backward_passes)
+@dataclass(frozen=True)
+class Prediction:
+    """E(N) between two bounds. Horovod starts a gradient's allreduce as soon as backprop has produced
+    it, while earlier layers' backprop still runs; how much of the allreduce that hides depends on the
+    order the model produces its bytes in (LeNet's Dense kernel comes first and hides almost whole,
+    docs/scaling.md), which one node's step time does not tell."""
+
+    low: float  # nothing hidden: compute, then the allreduce, then half a cycle's wait
+    high: float  # the allreduce hidden behind the step's compute, up to its length
+
+    @property
+    def expected(self) -> float:
+        return (self.low + self.high) / 2
+
+
+def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> Prediction:
+    """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
+    of communicating is in it), shared over the ``backward_passes`` steps of an update."""
+    wait = ar.cycle_seconds / 2
+    exposed = max(0.0, ar.seconds - step_seconds * backward_passes)
+    return Prediction(low=step_seconds / (step_seconds + (ar.seconds + wait) / backward_passes),
+                      high=step_seconds / (step_seconds + (exposed + wait) / backward_passes))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -182,7 +203,7 @@ class Bench:
         self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
-        self.predicted: dict[int, float] = {}
+        self.predicted: dict[int, Prediction] = {}
         self.started = time.monotonic()
 
     # -- one launch ---------------------------------------------------------------------------
@@ -272,8 +293,9 @@ class Bench:
         step = self.batch_size() / one
         for n, ar in self.allreduce.items():
             self.predicted[n] = predict(step, ar, self.backward_passes)
-        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step) and (a): "
-                     + ", ".join(f"E({n}) = {e:.0%}" for n, e in sorted(self.predicted.items())))
+        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step) and (a), "
+                     "between nothing and all of the allreduce hidden behind the step: "
+                     + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
 
     def batch_size(self) -> int:
         return int(self.program.checkpoint_options.get("batch_size", 64))
@@ -289,7 +311,9 @@ class Bench:
             ar = self.allreduce.get(n)
             step = n * self.batch_size() / ips if ips else None
             share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
-            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]), self.predicted.get(n), trials))
+            guess = self.predicted.get(n)
+            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
+                             guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None))
         return out
 
     def save(self, points: list[Point] | None = None) -> None:
@@ -298,7 +322,9 @@ class Bench:
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
-            "allreduce": [asdict(a) for a in self.allreduce.values()], "predicted_efficiency": self.predicted,
+            "allreduce": [asdict(a) for a in self.allreduce.values()],
+            "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},
+            "predicted_range": {n: [e.low, e.high] for n, e in self.predicted.items()},
             "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
             "seconds": round(time.monotonic() - self.started, 1),
         }

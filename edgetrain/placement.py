@@ -31,6 +31,11 @@ class Placement:
         """What every rank's environment gets: edgetrain's defaults for this placement, then the
         inventory's ``edgetrain_mpi_env``, which wins."""
         env = {}
+        if self.np == 1:
+            # At size 1 Horovod skips the gradients' allreduce (its _allreduce_cond), so the cycle
+            # only paces a handful of collectives a run; at its default 1 ms the idle thread still
+            # woke a thousand times a second: 2% of a core here, 14% of an emulated Pi's quota.
+            env["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
         if len(self.hosts) > 1 and all(h.device == "cpu" for h in self.hosts):
             # Horovod's background thread negotiates with every other rank once a cycle, busy
             # waiting in MPI, even when no tensor is pending: at its default 1 ms cycle an idle

@@ -194,6 +194,8 @@ class AverageNonTrainable(tf.keras.callbacks.Callback):
         self.sync()
 
     def sync(self) -> None:
+        if hvd.size() == 1:
+            return  # nothing to average, and each allreduce would wait for Horovod's (long) cycle
         for v in self.model.non_trainable_variables:
             v.assign(hvd_tf.allreduce(v, op=hvd_tf.Average, name=f"sync.{v.name}"))
 

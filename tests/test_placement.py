@@ -126,6 +126,8 @@ def test_ranks_never_span_aarch64_and_x86_64(tmp_path):
 def test_ranks_on_several_cpu_nodes_get_gloo_and_a_long_horovod_cycle_unless_the_inventory_says_otherwise(tmp_path):
     inv = inventory.load(write(tmp_path, CLUSTER))
     assert placement.plan(inv, 4).rank_env == {}  # one host: no negotiation between nodes
+    # One rank: its gradients skip Horovod, whose idle 1 ms cycle would only cost CPU.
+    assert placement.plan(inv, 1).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}
     assert placement.plan(inv, 6).rank_env == {
         "HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_GLOO_TIMEOUT_SECONDS": str(placement.GLOO_TIMEOUT_S)}
