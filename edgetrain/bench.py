@@ -141,10 +141,9 @@ class Prediction:
 def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> Prediction:
     """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
     of communicating is in it), shared over the ``backward_passes`` steps of an update."""
-    wait = ar.cycle_seconds / 2
-    exposed = max(0.0, ar.seconds - step_seconds * backward_passes)
-    return Prediction(low=step_seconds / (step_seconds + (ar.seconds + wait) / backward_passes),
-                      high=step_seconds / (step_seconds + (exposed + wait) / backward_passes))
+    hidden = min(ar.seconds, step_seconds * backward_passes)
+    return Prediction(low=step_seconds / (step_seconds + ar.per_update / backward_passes),
+                      high=step_seconds / (step_seconds + (ar.per_update - hidden) / backward_passes))
 
 
 def _median(values: list[float | None]) -> float | None:
