@@ -47,6 +47,7 @@ EpochsOpt = Annotated[Optional[int], typer.Option(help="Jobs: train until this m
 BatchOpt = Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32).")]
 MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")]
 WarmupOpt = Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")]
+LrScalingOpt = Annotated[float, typer.Option(metavar="POWER", help="Jobs: the learning rate grows with (ranks x accumulated batches) to this power: 1 linear, 0.5 square root, 0 not at all.")]
 EvalEveryOpt = Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: also evaluate every this many training steps, not only after each epoch (time to --target-accuracy in steps, not epochs).")]
 EvalExamplesOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).")]
 Fp16Opt = Annotated[bool, typer.Option("--fp16-allreduce", help="Jobs: send gradients as float16 (Horovod's fp16 compression).")]
@@ -76,6 +77,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
     warmup_epochs: WarmupOpt = 0.25,
+    lr_scaling: LrScalingOpt = 1.0,
     eval_every: EvalEveryOpt = None,
     eval_examples: EvalExamplesOpt = None,
     fp16_allreduce: Fp16Opt = False,
@@ -89,7 +91,8 @@ def run(
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
     options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
                          eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
-                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution)
+                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
+                         lr_scaling=lr_scaling)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -151,6 +154,7 @@ def bench(
     batch_size: BatchOpt = None,
     max_steps: MaxStepsOpt = None,
     warmup_epochs: WarmupOpt = 0.25,
+    lr_scaling: LrScalingOpt = 1.0,
     eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: evaluate every this many steps (default: four times an epoch).")] = None,
     eval_examples: EvalExamplesOpt = None,
     fp16_allreduce: Fp16Opt = False,
@@ -163,7 +167,8 @@ def bench(
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
     options = JobOptions(epochs, batch_size, max_steps, 42, target_accuracy, warmup_epochs, programs.parse_options(option or []),
                          eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
-                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution)
+                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
+                         lr_scaling=lr_scaling)
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,

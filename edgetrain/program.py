@@ -30,6 +30,7 @@ class JobOptions:
     fp16_allreduce: bool = False
     backward_passes_per_step: int = 1
     steps_per_execution: int = 8
+    lr_scaling: float = 1.0
 
     def given(self) -> list[str]:
         """The options that differ from their defaults, as the user would have typed them."""
@@ -92,6 +93,8 @@ def _check_numbers(o: JobOptions) -> None:
             raise UsageError(f"{name} {value} must be at least 1")
     if not o.warmup_epochs >= 0:  # also refuses nan
         raise UsageError(f"--warmup-epochs {o.warmup_epochs} must be a number of epochs, 0 or more", "use 0 for no warmup")
+    if not 0 <= o.lr_scaling <= 1:
+        raise UsageError(f"--lr-scaling {o.lr_scaling} must be a power between 0 and 1", "1 scales linearly, 0.5 as the square root")
     if o.target_accuracy is not None and not 0 < o.target_accuracy <= 1:
         raise UsageError(f"--target-accuracy {o.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
     if o.seed < 0:
@@ -121,6 +124,8 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
     epochs = o.epochs or spec.epochs
     args = ["--job", spec.name, "--epochs", str(epochs), "--batch-size", str(o.batch_size or spec.batch_size),
             "--seed", str(o.seed), "--warmup-epochs", str(o.warmup_epochs), "--options", json.dumps(options)]
+    if o.lr_scaling != 1:  # only when set: an image built before the option still runs the rest
+        args += ["--lr-scaling", str(o.lr_scaling)]
     if o.max_steps:
         args += ["--max-steps", str(o.max_steps)]
     if o.target_accuracy is not None:

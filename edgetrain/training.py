@@ -45,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--target-accuracy", type=float, default=None)
     p.add_argument("--warmup-epochs", type=float, default=0.25)
+    p.add_argument("--lr-scaling", type=float, default=1.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--eval-examples", type=int, default=None)
     p.add_argument("--fp16-allreduce", action="store_true")
@@ -104,9 +105,12 @@ def train(args: argparse.Namespace) -> dict:
         var = hvd_tf.allreduce(np.var(train_split.x, dtype=np.float64), name="var").numpy()
         net = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Normalization(mean=mean, variance=var), net])
 
-    # Linear scaling by the images an update averages over: ranks times accumulated batches.
+    # Scaled by the images an update averages over (ranks times accumulated batches), linearly by
+    # default: for LeNet's Adam the square root, the rule often given for Adam, needed as many or
+    # more images to reach its target accuracy (docs/scaling.md).
     scale = size * args.backward_passes_per_step
-    lr = job.BASE_LR * scale
+    peak = scale ** args.lr_scaling
+    lr = job.BASE_LR * peak
     # Accumulated gradients are averaged, not summed, so that the rate above is the one they meet.
     opt = hvd.DistributedOptimizer(
         job.optimizer(lr),
@@ -149,7 +153,7 @@ def train(args: argparse.Namespace) -> dict:
     def lr_multiplier(epoch: float) -> float:
         """Linear warmup from the single-rank rate to the scaled one, then the job's schedule.
         ``epoch`` is fractional, so both act within an epoch, which short runs need."""
-        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (scale - 1) / args.warmup_epochs) / scale
+        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (peak - 1) / args.warmup_epochs) / peak
         return warm * schedule(epoch, args.epochs)
 
     average_non_trainable = AverageNonTrainable()

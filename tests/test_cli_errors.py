@@ -238,6 +238,8 @@ def test_collect_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(existin
     (("--hang-timeout", "nan"), "--hang-timeout nan must be a positive number of seconds"),
     (("--hang-timeout", "inf"), "--hang-timeout inf must be a positive number of seconds"),
     (("--warmup-epochs", "nan"), "--warmup-epochs nan must be a number of epochs"),
+    (("--lr-scaling", "2"), "--lr-scaling 2.0 must be a power between 0 and 1"),
+    (("--lr-scaling", "nan"), "--lr-scaling nan must be a power between 0 and 1"),
     (("--seed", "-1"), "--seed -1 must be 0 or more"),
 ])
 def test_numbers_that_are_not_numbers(existing_runs, args, fragment):

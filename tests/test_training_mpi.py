@@ -50,6 +50,8 @@ def test_loss_falls_and_progress_is_reported(trained):
     assert metrics[1]["loss"] < metrics[0]["loss"]
     assert metrics[1]["val_accuracy"] > 0.6
     assert all(m["images_per_sec"] > 0 and m["ranks"] == 2 for m in metrics)
+    # Past the warmup the rate is scaled linearly by the ranks (--lr-scaling 1).
+    assert metrics[1]["lr"] == pytest.approx(0.001 * 2)
     assert "epoch 2/2: loss" in result.stdout and f"run {run.id} completed" in result.stdout
     # rank 0 wrote TensorBoard's event files (`tensorboard --logdir runs/`), the other rank none
     assert list((run.path / "tensorboard").rglob("events.out.tfevents.*"))
@@ -161,13 +163,14 @@ def test_evaluations_within_an_epoch_time_the_target(tmp_path):
 
 def test_fp16_allreduce_and_accumulated_batches_train(tmp_path):
     result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--fp16-allreduce",
-                       "--backward-passes-per-step", "2", "--runs-dir", str(tmp_path))
+                       "--backward-passes-per-step", "2", "--lr-scaling", "0.5", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [run] = runs.all_runs(tmp_path)
     [metrics] = run.metrics()
     assert metrics["val_accuracy"] > 0.6  # chance is 0.1
-    # After warmup the rate counts every image an update averages: ranks x accumulated batches.
-    assert metrics["lr"] == pytest.approx(0.001 * 2 * 2)
+    # After warmup the rate counts every image an update averages, ranks x accumulated batches,
+    # here to the power 0.5.
+    assert metrics["lr"] == pytest.approx(0.001 * (2 * 2) ** 0.5)
     ckpt = checkpoints.latest(run.checkpoints)
     assert ckpt.manifest["options"] == {"batch_size": 64, "fp16_allreduce": True, "backward_passes_per_step": 2}
     digests = final_digests(run)
