@@ -132,12 +132,15 @@ def test_a_killed_worker_container_ends_the_run_naming_it(faults, report):
 def test_a_link_going_dark_ends_the_run_naming_the_node(faults, report, node):
     with LongRun(faults) as job:
         rid = job.checkpoint()
-        veth = next(n.veth for n in faults.bed.state.nodes if n.name == node)
-        run("ip", "link", "set", veth, "down")  # packets dropped, no reset: the link just goes dark
+        cut = next(n for n in faults.bed.state.nodes if n.name == node)
+        run("ip", "link", "set", cut.veth, "down")  # packets dropped, no reset: the link just goes dark
         try:
             code, detected, err = job.wait(180)
         finally:
-            run("ip", "link", "set", veth, "up")
+            run("ip", "link", "set", cut.veth, "up")
+            # The first connection after the link comes back once failed with "No route to host"
+            # (address resolution starting over, presumably); the resume below needs the node back.
+            faults.bed.wait_ssh(cut)
         # The node that was cut off ends its container itself once its lease runs out.
         cleared = gone_within(faults, LEASE + 30)
     assert code == 1 and detected < 60, (detected, err[-3000:])

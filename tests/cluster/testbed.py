@@ -240,7 +240,7 @@ class Testbed:
             known.append(f"{n.address} {pub[0]} {pub[1]}\n")
         Path(s.known_hosts).write_text("".join(known))
         for n in s.nodes:
-            self._wait_ssh(n)
+            self.wait_ssh(n)
             if s.docker:
                 self._docker_up(n)
                 s.save()
@@ -323,7 +323,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         # Before sshd accepts anything, so that every process of the node is charged to it.
         n.cgroup.move(proc.pid)
 
-    def _wait_ssh(self, n: Node, timeout: float = 20.0) -> None:
+    def wait_ssh(self, n: Node, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
             r = self.ssh(n, "hostname", check=False, timeout=10)
