@@ -11,7 +11,12 @@ from .emulation import DEFAULT_PERIOD_US, calibrate, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
 
 
-def pi4(profile: str, period_us: int):
+COMM_CHOICES = {"pi-core": True, "shared": False}
+COMM_HELP = ("pi-core (default): the nodes' communication threads on a Pi core's worth of CPU of their own; "
+             "shared: in the node's quota with its training (see comm_core.py)")
+
+
+def pi4(profile: str, period_us: int, comm: str = "pi-core"):
     """The calibrated quota for a profile (measured once per machine, then read from the cache)."""
     try:
         rate = parse_profile(profile)
@@ -19,7 +24,7 @@ def pi4(profile: str, period_us: int):
         raise SystemExit(str(e)) from None
     try:
         return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
-                         log=lambda line: print(line, file=sys.stderr))
+                         comm=COMM_CHOICES[comm], log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
 
@@ -41,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--emulate", metavar="PROFILE", help="give every node a Raspberry Pi 4's CPU: pi4 (250 img/s), "
                     "pi4-slow (150), pi4-fast (400) or pi4:IMG_PER_SEC; calibrated on this machine")
     up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
+    up.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     emulate = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
     emulate.add_argument("id")
     emulate.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
     emulate.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
+    emulate.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
     down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
     sub.add_parser("status", help="show recorded testbeds")
@@ -55,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd == "up":
-        emulation = pi4(args.emulate, args.period_us) if args.emulate else None
+        emulation = pi4(args.emulate, args.period_us, args.comm) if args.emulate else None
         bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
         bed.emulate(emulation)
         print(json.dumps(bed.status(), indent=2))
     elif args.cmd == "emulate":
         bed = load(args.id)
-        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us))
+        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm))
         print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():

@@ -18,20 +18,20 @@ them; a real Pi's figure replaces the target with one number.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("cpu", "cpuacct")
+from .comm_core import comm_cores, comm_group, copy_rate_mb_s, moving
+from .cpugroup import CpuGroup
+
 SEED = Path(__file__).with_name("seed_lenet.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,10 +48,16 @@ class Emulation:
     images_per_sec: float
     period_us: int
     quota_us: int
+    # The communication threads' own quota, a Pi core's worth (comm_core.py); None: they share quota_us.
+    comm_quota_us: int | None = None
 
     @property
     def cores(self) -> float:
         return self.quota_us / self.period_us
+
+    @property
+    def comm_cores(self) -> float | None:
+        return self.comm_quota_us / self.period_us if self.comm_quota_us else None
 
 
 def parse_profile(spec: str) -> float:
@@ -67,74 +73,13 @@ def parse_profile(spec: str) -> float:
     return value
 
 
-class CpuGroup:
-    """One cgroup-v1 group in the cpu and cpuacct hierarchies."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def path(self, controller: str = "cpu") -> Path:
-        return CGROUP_ROOT / controller / self.name
-
-    def create(self) -> None:
-        for c in CONTROLLERS:
-            self.path(c).mkdir(exist_ok=True)
-
-    def move(self, pid: int) -> None:
-        for c in CONTROLLERS:
-            (self.path(c) / "cgroup.procs").write_text(f"{pid}\n")
-
-    def limit(self, quota_us: int, period_us: int) -> None:
-        cpu = self.path()
-        # The kernel refuses a period below the quota already set: lift the quota first.
-        (cpu / "cpu.cfs_quota_us").write_text("-1\n")
-        (cpu / "cpu.cfs_period_us").write_text(f"{period_us}\n")
-        (cpu / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
-
-    def unlimit(self) -> None:
-        (self.path() / "cpu.cfs_quota_us").write_text("-1\n")
-
-    def quota(self) -> tuple[int, int]:
-        cpu = self.path()
-        return int((cpu / "cpu.cfs_quota_us").read_text()), int((cpu / "cpu.cfs_period_us").read_text())
-
-    def stat(self) -> dict[str, int]:
-        """cpu.stat (periods, throttled periods, throttled ns) and the CPU ns used (cpuacct.usage)."""
-        out = dict(line.split() for line in (self.path() / "cpu.stat").read_text().splitlines())
-        stat = {k: int(v) for k, v in out.items()}
-        stat["usage_ns"] = int((self.path("cpuacct") / "cpuacct.usage").read_text())
-        return stat
-
-    def remove(self) -> None:
-        """Remove the group and whatever groups were made below it (a Docker engine's, in every hierarchy)."""
-        for hierarchy in CGROUP_ROOT.iterdir():
-            top = hierarchy / self.name
-            if not top.is_dir() or top.is_symlink():
-                continue
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                _rmdir(d)
-            _rmdir(top)
-
-
-def _rmdir(group: Path, timeout: float = 10.0) -> None:
-    """A group is busy until its last process has been reaped, a moment after it was killed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            group.rmdir()
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _machine_key(period_us: int) -> str:
+def _machine_key(period_us: int, comm: bool) -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.machine())
     # The figure is TensorFlow's speed: another version recalibrates.
     tf = next((v for v in (_version("tensorflow-cpu"), _version("tensorflow")) if v), "?")
-    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}"
+    split = ", communication on a core of its own" if comm else ""
+    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}{split}"
 
 
 def _version(dist: str) -> str | None:
@@ -148,15 +93,25 @@ class SeedMeter:
     """One process of the seed recipe (``seed_lenet.py --calibrate``) in a cpu group of its own.
 
     Entering starts it and waits for its warm-up epoch (unthrottled); ``measure()`` trains one epoch
-    of ``steps`` steps and returns its img/s under whatever quota ``group.limit`` set meanwhile.
+    of ``steps`` steps and returns its img/s under whatever quota ``limit`` set meanwhile. With
+    ``comm_cores``, its communication threads move to a group of their own, as on an emulated node.
     """
 
-    def __init__(self, group_name: str, steps: int, python: str = sys.executable):
+    def __init__(self, group_name: str, steps: int, python: str = sys.executable, comm_cores: float | None = None):
         self.group, self.steps, self.python = CpuGroup(group_name), steps, python
+        self.comm_cores = comm_cores
         self.proc: subprocess.Popen | None = None
+        self._split = contextlib.ExitStack()
+
+    def limit(self, quota_us: int, period_us: int) -> None:
+        self.group.limit(quota_us, period_us)
+        if self.comm_cores:
+            comm_group(self.group).limit(round(self.comm_cores * period_us), period_us)
 
     def __enter__(self) -> SeedMeter:
         self.group.create()
+        if self.comm_cores:
+            self._split.enter_context(moving([self.group]))
         self.proc = subprocess.Popen([self.python, str(SEED), "--calibrate", "--steps-per-epoch", str(self.steps)],
                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
@@ -172,6 +127,7 @@ class SeedMeter:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+        self._split.close()
         self.group.remove()
 
     def _next_event(self) -> dict:
@@ -197,24 +153,29 @@ def measurement_steps(target: float) -> int:
 
 
 def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
-              python: str = sys.executable, log=print) -> Emulation:
-    """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s."""
-    key = _machine_key(period_us)
+              python: str = sys.executable, comm: bool = True, log=print) -> Emulation:
+    """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s; with
+    ``comm``, its communication threads on a Pi core of their own (comm_core.py) meanwhile."""
+    key = _machine_key(period_us, comm)
     known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     hit = known.get(key, {}).get(f"{target:g}")
     if hit:
         return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
-                         quota_us=hit["quota_us"])
+                         quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"))
 
     period = period_us
-    with SeedMeter(group_name, measurement_steps(target), python) as meter:
+    copy = copy_rate_mb_s() if comm else None
+    pi_core = comm_cores(copy) if copy else None
+    if pi_core:
+        log(f"calibration: one core copies {copy:,.0f} MB/s here (STREAM copy): a Pi core's communication is {pi_core:.3f} of it")
+    with SeedMeter(group_name, measurement_steps(target), python, comm_cores=pi_core) as meter:
         full = meter.measure()
         cores = len(os.sched_getaffinity(0))
         quota = max(MIN_QUOTA_US, min(cores * period, int(period * cores * target / full)))
         # Each step is judged on the median of three measurements: single ones wander by several
         # percent on a shared machine, and one lucky measurement must not end the search.
         for _ in range(8):
-            meter.group.limit(quota, period)
+            meter.limit(quota, period)
             rate = meter.median()
             log(f"calibration: quota {quota} us / {period} us -> {rate:.0f} img/s (target {target:g})")
             if abs(rate - target) <= 0.03 * target:
@@ -229,8 +190,11 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
             quota = max(MIN_QUOTA_US, int(quota * target / rate))
         else:
             raise RuntimeError(f"calibration to {target:g} img/s did not converge (last {rate:.0f} img/s at quota {quota} us / {period} us)")
+    comm_quota = round(pi_core * period) if pi_core else None
     if cache is not None:
         known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "period_us": period, "measured": round(rate, 1),
-                                                    "unthrottled": round(full, 1)}
+                                                    "unthrottled": round(full, 1), "comm_quota_us": comm_quota,
+                                                    "copy_mb_s": round(copy) if copy else None}
         cache.write_text(json.dumps(known, indent=2))
-    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period, quota_us=quota)
+    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period, quota_us=quota,
+                     comm_quota_us=comm_quota)

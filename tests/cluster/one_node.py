@@ -9,6 +9,7 @@ arguments after ``--`` go to ``edgetrain run`` (e.g. a tuning option).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -18,7 +19,9 @@ from pathlib import Path
 
 from edgetrain import runs
 
-from .emulation import ROOT, SEED, CpuGroup, calibrate
+from .comm_core import comm_group, moving
+from .cpugroup import CpuGroup
+from .emulation import ROOT, SEED, calibrate
 from .testbed import DEFAULT_ROOT
 
 
@@ -49,17 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=150, help="training steps an epoch")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--comm", choices=("pi-core", "shared"), default="pi-core",
+                   help="the Horovod threads on a Pi core of their own, as on the testbed (comm_core.py), or in the quota")
     p.add_argument("extra", nargs="*", help="options for edgetrain run (after --)")
     args = p.parse_args(argv)
     group = None
-    if args.rate != "full":
-        pi = calibrate(float(args.rate), "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json",
-                       log=lambda line: print(line, file=sys.stderr))
-        group = CpuGroup("edgetrain-one-node")
-        group.create()
-        group.limit(pi.quota_us, pi.period_us)
     rows = []
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.rate != "full":
+            pi = calibrate(float(args.rate), "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json",
+                           comm=args.comm == "pi-core", log=lambda line: print(line, file=sys.stderr))
+            group = CpuGroup("edgetrain-one-node")
+            group.create()
+            stack.callback(group.remove)
+            group.limit(pi.quota_us, pi.period_us)
+            if pi.comm_quota_us:
+                stack.enter_context(moving([group]))
+                comm_group(group).limit(pi.comm_quota_us, pi.period_us)
         with tempfile.TemporaryDirectory(prefix="edgetrain-one-node-") as tmp:
             for i in range(args.pairs):
                 row = {"pair": i + 1, "rate": args.rate,
@@ -67,9 +76,6 @@ def main(argv: list[str] | None = None) -> int:
                        "seed": round(seed(group, args.steps, args.epochs), 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    finally:
-        if group is not None:
-            group.remove()
     e, s = statistics.median(r["edgetrain"] for r in rows), statistics.median(r["seed"] for r in rows)
     print(json.dumps({"median_edgetrain": e, "median_seed": s, "ratio": round(e / s, 3), "extra": args.extra}))
     return 0

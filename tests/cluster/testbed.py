@@ -38,7 +38,9 @@ from pathlib import Path
 
 import yaml
 
-from .emulation import CpuGroup, Emulation
+from .comm_core import comm_group
+from .cpugroup import CpuGroup
+from .emulation import Emulation
 
 DEFAULT_ROOT = Path(os.environ.get("EDGETRAIN_TESTBED_ROOT", "/var/lib/edgetrain-testbed"))
 # Pi OS ships every board with this name: the base role must rename them.
@@ -117,6 +119,8 @@ class State:
     expose: list[str] = field(default_factory=list)
     # The CPU quota every node has, when the testbed emulates Raspberry Pis (emulation.Emulation).
     emulation: dict | None = None
+    # The process that moves the nodes' communication threads to their comm groups (comm_core.py).
+    mover_pid: int | None = None
 
     @property
     def gateway(self) -> str:
@@ -353,6 +357,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
         s = self.state
+        if s.mover_pid:
+            _stop(s.mover_pid)
         for n in s.nodes:
             for pid in (n.dockerd_pid, n.sshd_pid):
                 if pid:
@@ -375,23 +381,59 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         # Docker leaves read-only layers and mounts behind in its data-root until unmounted.
         for n in s.nodes:
             run("umount", "-R", n.docker_root, check=False)
+            comm_group(n.cgroup).remove()
             n.cgroup.remove()
         shutil.rmtree(s.dir, ignore_errors=True)
 
     # ---- use -------------------------------------------------------------------------------
 
     def emulate(self, emulation: Emulation | None) -> None:
-        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota), or all of it back (None)."""
+        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota, and with ``comm_quota_us`` a
+        Pi core for its communication threads), or all of it back (None)."""
+        self._stop_mover()
         for n in self.state.nodes:
             if emulation is None:
                 n.cgroup.unlimit()
             else:
                 n.cgroup.limit(emulation.quota_us, emulation.period_us)
+        if emulation is not None and emulation.comm_quota_us:
+            for n in self.state.nodes:
+                comm = comm_group(n.cgroup)
+                comm.create()
+                comm.limit(emulation.comm_quota_us, emulation.period_us)
+            log = open(Path(self.state.dir) / "mover.log", "ab")
+            proc = subprocess.Popen([sys.executable, "-m", "tests.cluster.comm_core", *(n.cgroup.name for n in self.state.nodes)],
+                                    cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            self.state.mover_pid = proc.pid
         self.state.emulation = asdict(emulation) if emulation else None
         self.state.save()
 
+    def _stop_mover(self) -> None:
+        """Stop moving threads, and give the ones moved back to their nodes' groups."""
+        if self.state.mover_pid:
+            _stop(self.state.mover_pid)
+            self.state.mover_pid = None
+            self.state.save()
+        for n in self.state.nodes:
+            comm = comm_group(n.cgroup)
+            if comm.path().is_dir():
+                for tid in (comm.path() / "tasks").read_text().split():
+                    try:
+                        n.cgroup.move_thread(int(tid))
+                    except OSError:
+                        pass  # ended meanwhile
+                comm.remove()
+
     def cpu_stat(self) -> dict[str, dict[str, int]]:
-        return {n.name: n.cgroup.stat() for n in self.state.nodes}
+        """Each node's cpu.stat and CPU used, with its communication threads' own (``comm_*``) when split."""
+        out = {}
+        for n in self.state.nodes:
+            out[n.name] = n.cgroup.stat()
+            comm = comm_group(n.cgroup)
+            if comm.path().is_dir():
+                out[n.name].update({f"comm_{k}": v for k, v in comm.stat().items()})
+        return out
 
 
     def ssh_argv(self, n: Node, user: str = "root") -> list[str]:

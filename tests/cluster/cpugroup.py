@@ -1,0 +1,77 @@
+"""A cgroup-v1 CPU group: what an emulated node's CPU is made of (emulation.py, comm_core.py)."""
+
+from __future__ import annotations
+
+import errno
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("cpu", "cpuacct")
+
+
+class CpuGroup:
+    """One cgroup-v1 group in the cpu and cpuacct hierarchies."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def path(self, controller: str = "cpu") -> Path:
+        return CGROUP_ROOT / controller / self.name
+
+    def create(self) -> None:
+        for c in CONTROLLERS:
+            self.path(c).mkdir(exist_ok=True)
+
+    def move(self, pid: int) -> None:
+        for c in CONTROLLERS:
+            (self.path(c) / "cgroup.procs").write_text(f"{pid}\n")
+
+    def move_thread(self, tid: int) -> None:
+        """One thread, leaving the rest of its process where it is (cgroup v1 allows it)."""
+        for c in CONTROLLERS:
+            (self.path(c) / "tasks").write_text(f"{tid}\n")
+
+    def limit(self, quota_us: int, period_us: int) -> None:
+        cpu = self.path()
+        # The kernel refuses a period below the quota already set: lift the quota first.
+        (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+        (cpu / "cpu.cfs_period_us").write_text(f"{period_us}\n")
+        (cpu / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+
+    def unlimit(self) -> None:
+        (self.path() / "cpu.cfs_quota_us").write_text("-1\n")
+
+    def quota(self) -> tuple[int, int]:
+        cpu = self.path()
+        return int((cpu / "cpu.cfs_quota_us").read_text()), int((cpu / "cpu.cfs_period_us").read_text())
+
+    def stat(self) -> dict[str, int]:
+        """cpu.stat (periods, throttled periods, throttled ns) and the CPU ns used (cpuacct.usage)."""
+        out = dict(line.split() for line in (self.path() / "cpu.stat").read_text().splitlines())
+        stat = {k: int(v) for k, v in out.items()}
+        stat["usage_ns"] = int((self.path("cpuacct") / "cpuacct.usage").read_text())
+        return stat
+
+    def remove(self) -> None:
+        """Remove the group and whatever groups were made below it (a Docker engine's, in every hierarchy)."""
+        for hierarchy in CGROUP_ROOT.iterdir():
+            top = hierarchy / self.name
+            if not top.is_dir() or top.is_symlink():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                _rmdir(d)
+            _rmdir(top)
+
+
+def _rmdir(group: Path, timeout: float = 10.0) -> None:
+    """A group is busy until its last process has been reaped, a moment after it was killed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
