@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from .bench import DEFAULT_SIZES, LINE_RATE_MB_S, allreduce_bandwidth
+from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, calibrate, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
 
@@ -27,6 +29,28 @@ def pi4(profile: str, period_us: int, comm: str = "pi-core"):
                          comm=COMM_CHOICES[comm], log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
+
+
+def cpu_window(bed: Testbed, seconds: float) -> dict[str, dict[str, float]]:
+    """Cores each node's groups used over ``seconds``, the share of periods its quota throttled, and
+    (communication split off) at most what that communication would have taken from training on a Pi."""
+    before = bed.cpu_stat()
+    time.sleep(seconds)
+    after = bed.cpu_stat()
+    emulation = bed.state.emulation or {}
+    out = {}
+    for node, a in after.items():
+        b = before[node]
+        row = {"cores": (a["usage_ns"] - b["usage_ns"]) / 1e9 / seconds,
+               "throttled": (a["nr_throttled"] - b["nr_throttled"]) / max(1, a["nr_periods"] - b["nr_periods"])}
+        if "comm_usage_ns" in a:
+            comm = (a["comm_usage_ns"] - b["comm_usage_ns"]) / 1e9
+            row["comm_cores"] = comm / seconds
+            row["comm_throttled"] = (a["comm_nr_throttled"] - b["comm_nr_throttled"]) / max(1, a["comm_nr_periods"] - b["comm_nr_periods"])
+            if emulation.get("comm_quota_us"):
+                row["training_share_bound"] = training_share_bound(comm, seconds, emulation["comm_quota_us"] / emulation["period_us"])
+        out[node] = {k: round(v, 4) for k, v in row.items()}
+    return out
 
 
 def load(tid: str) -> Testbed:
@@ -55,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
     down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
     sub.add_parser("status", help="show recorded testbeds")
+    cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
+    cpu.add_argument("id")
+    cpu.add_argument("--over", type=float, default=30.0, metavar="SECONDS")
     bench = sub.add_parser("bench", help="mpi4py allreduce bandwidth between two nodes of a provisioned testbed")
     bench.add_argument("id")
     bench.add_argument("--python", default=sys.executable, help="interpreter with mpi4py, on the shared filesystem")
@@ -77,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
+    elif args.cmd == "cpu":
+        bed = load(args.id)
+        print(json.dumps(cpu_window(bed, args.over), indent=2))
     elif args.cmd == "bench":
         bed = load(args.id)
         link = "tbf 1 Gbit/s" if bed.state.shaped else "unshaped"
