@@ -18,7 +18,11 @@ COMM_HELP = ("pi-core (default): the nodes' communication threads on a Pi core's
              "shared: in the node's quota with its training (see comm_core.py)")
 
 
-def pi4(profile: str, period_us: int, comm: str = "pi-core"):
+ALONE_HELP = ("calibrate with no other node training beside the calibration, and let idle nodes idle "
+              "(by default idle nodes train a stand-in: emulated nodes share this machine's cores and caches)")
+
+
+def pi4(profile: str, period_us: int, comm: str = "pi-core", neighbours: int = 0):
     """The calibrated quota for a profile (measured once per machine, then read from the cache)."""
     try:
         rate = parse_profile(profile)
@@ -26,7 +30,7 @@ def pi4(profile: str, period_us: int, comm: str = "pi-core"):
         raise SystemExit(str(e)) from None
     try:
         return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
-                         comm=COMM_CHOICES[comm], log=lambda line: print(line, file=sys.stderr))
+                         comm=COMM_CHOICES[comm], neighbours=neighbours, log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
 
@@ -71,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                     "pi4-slow (150), pi4-fast (400) or pi4:IMG_PER_SEC; calibrated on this machine")
     up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
     up.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
+    up.add_argument("--alone", action="store_true", help=ALONE_HELP)
     emulate = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
     emulate.add_argument("id")
     emulate.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
     emulate.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
     emulate.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
+    emulate.add_argument("--alone", action="store_true", help=ALONE_HELP)
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
     down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
     sub.add_parser("status", help="show recorded testbeds")
@@ -89,13 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd == "up":
-        emulation = pi4(args.emulate, args.period_us, args.comm) if args.emulate else None
+        emulation = pi4(args.emulate, args.period_us, args.comm, 0 if args.alone else args.nodes - 1) if args.emulate else None
         bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
         bed.emulate(emulation)
         print(json.dumps(bed.status(), indent=2))
     elif args.cmd == "emulate":
         bed = load(args.id)
-        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm))
+        busy = 0 if args.alone else len(bed.state.nodes) - 1
+        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm, busy))
         print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():

@@ -27,11 +27,8 @@ by its quota and by four, bounds what that would have cost: ``training_share_bou
 
 from __future__ import annotations
 
-import argparse
 import re
-import signal
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -197,18 +194,3 @@ def training_share_bound(comm_usage_s: float, seconds: float, cores: float, pi_c
     """At most what the communication threads' work would have taken from training on a Pi: their
     busy time in Pi-core seconds (CPU seconds here over the comm quota), as a share of four cores."""
     return comm_usage_s / cores / seconds / pi_cores
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.cluster.comm_core", description=__doc__.split("\n\n")[0])
-    p.add_argument("groups", nargs="+", help="the emulated nodes' cpu groups (their comm groups must exist)")
-    args = p.parse_args(argv)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    Mover([CpuGroup(g) for g in args.groups]).run(stop)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .comm_core import comm_cores, comm_group, copy_rate_mb_s, moving
+from . import standin
 from .cpugroup import CpuGroup
 
 SEED = Path(__file__).with_name("seed_lenet.py")
@@ -50,6 +51,8 @@ class Emulation:
     quota_us: int
     # The communication threads' own quota, a Pi core's worth (comm_core.py); None: they share quota_us.
     comm_quota_us: int | None = None
+    # Other nodes training beside the calibration (standin.py): the testbed keeps its idle nodes busy.
+    neighbours: int = 0
 
     @property
     def cores(self) -> float:
@@ -73,13 +76,14 @@ def parse_profile(spec: str) -> float:
     return value
 
 
-def _machine_key(period_us: int, comm: bool) -> str:
+def _machine_key(period_us: int, comm: bool, neighbours: int) -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.machine())
     # The figure is TensorFlow's speed: another version recalibrates.
     tf = next((v for v in (_version("tensorflow-cpu"), _version("tensorflow")) if v), "?")
     split = ", communication on a core of its own" if comm else ""
-    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}{split}"
+    busy = f", {neighbours} nodes training beside it" if neighbours else ""
+    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}{split}{busy}"
 
 
 def _version(dist: str) -> str | None:
@@ -94,28 +98,37 @@ class SeedMeter:
 
     Entering starts it and waits for its warm-up epoch (unthrottled); ``measure()`` trains one epoch
     of ``steps`` steps and returns its img/s under whatever quota ``limit`` set meanwhile. With
-    ``comm_cores``, its communication threads move to a group of their own, as on an emulated node.
+    ``comm_cores``, its communication threads move to a group of their own, as on an emulated node;
+    with ``neighbours``, that many stand-ins (standin.py) train beside it, each in a group of its own
+    under the same quota, as the other nodes of a testbed do.
     """
 
-    def __init__(self, group_name: str, steps: int, python: str = sys.executable, comm_cores: float | None = None):
+    def __init__(self, group_name: str, steps: int, python: str = sys.executable, comm_cores: float | None = None,
+                 neighbours: int = 0):
         self.group, self.steps, self.python = CpuGroup(group_name), steps, python
+        self.beside = [CpuGroup(f"{group_name}-beside{i + 1}") for i in range(neighbours)]
         self.comm_cores = comm_cores
         self.proc: subprocess.Popen | None = None
-        self._split = contextlib.ExitStack()
+        self._stack = contextlib.ExitStack()
 
     def limit(self, quota_us: int, period_us: int) -> None:
-        self.group.limit(quota_us, period_us)
-        if self.comm_cores:
-            comm_group(self.group).limit(round(self.comm_cores * period_us), period_us)
+        for g in [self.group, *self.beside]:
+            g.limit(quota_us, period_us)
+            if self.comm_cores:
+                comm_group(g).limit(round(self.comm_cores * period_us), period_us)
 
     def __enter__(self) -> SeedMeter:
-        self.group.create()
-        if self.comm_cores:
-            self._split.enter_context(moving([self.group]))
-        self.proc = subprocess.Popen([self.python, str(SEED), "--calibrate", "--steps-per-epoch", str(self.steps)],
-                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
         try:
+            for g in [self.group, *self.beside]:
+                g.create()
+                self._stack.callback(g.remove)
+            if self.comm_cores:
+                self._stack.enter_context(moving([self.group, *self.beside]))
+            for g in self.beside:
+                self._stack.callback(standin.stop, [standin.start(g, self.python)])
+            self.proc = subprocess.Popen([self.python, str(SEED), "--calibrate", "--steps-per-epoch", str(self.steps)],
+                                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         text=True)
             self.group.move(self.proc.pid)
             self._next_event()  # ready: the warm-up epoch is done
         except BaseException:
@@ -127,8 +140,7 @@ class SeedMeter:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
-        self._split.close()
-        self.group.remove()
+        self._stack.close()
 
     def _next_event(self) -> dict:
         assert self.proc is not None and self.proc.stdout is not None
@@ -153,22 +165,23 @@ def measurement_steps(target: float) -> int:
 
 
 def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
-              python: str = sys.executable, comm: bool = True, log=print) -> Emulation:
+              python: str = sys.executable, comm: bool = True, neighbours: int = 0, log=print) -> Emulation:
     """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s; with
-    ``comm``, its communication threads on a Pi core of their own (comm_core.py) meanwhile."""
-    key = _machine_key(period_us, comm)
+    ``comm``, its communication threads on a Pi core of their own (comm_core.py) meanwhile, and
+    ``neighbours`` stand-ins training beside it under the same quota (standin.py)."""
+    key = _machine_key(period_us, comm, neighbours)
     known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     hit = known.get(key, {}).get(f"{target:g}")
     if hit:
         return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
-                         quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"))
+                         quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"), neighbours=neighbours)
 
     period = period_us
     copy = copy_rate_mb_s() if comm else None
     pi_core = comm_cores(copy) if copy else None
     if pi_core:
         log(f"calibration: one core copies {copy:,.0f} MB/s here (STREAM copy): a Pi core's communication is {pi_core:.3f} of it")
-    with SeedMeter(group_name, measurement_steps(target), python, comm_cores=pi_core) as meter:
+    with SeedMeter(group_name, measurement_steps(target), python, comm_cores=pi_core, neighbours=neighbours) as meter:
         full = meter.measure()
         cores = len(os.sched_getaffinity(0))
         quota = max(MIN_QUOTA_US, min(cores * period, int(period * cores * target / full)))
@@ -197,4 +210,4 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
                                                     "copy_mb_s": round(copy) if copy else None}
         cache.write_text(json.dumps(known, indent=2))
     return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period, quota_us=quota,
-                     comm_quota_us=comm_quota)
+                     comm_quota_us=comm_quota, neighbours=neighbours)

@@ -11,6 +11,9 @@ evaluates the whole test set, as the recipe does) and the seconds since the firs
 with no validation: after the first (warm-up) epoch it prints ``ready``, and after each later one
 its img/s, each time waiting for a ``measure`` line on stdin; the testbed changes the process's
 CPU quota in between (see emulation.py).
+
+``--stand-in``: the same ``fit`` in one process, for ever, printing nothing: what an emulated node
+runs while it has no training of its own (see standin.py).
 """
 
 from __future__ import annotations
@@ -104,6 +107,12 @@ def calibrate(args: argparse.Namespace) -> None:
     model.fit(x, y, batch_size=BATCH, epochs=10_000, steps_per_epoch=steps, callbacks=[Calibrate(steps)], verbose=0)
 
 
+def stand_in(args: argparse.Namespace) -> None:
+    hvd.init()
+    (x, y), _ = load(args.data)
+    compiled().fit(x, y, batch_size=BATCH, epochs=10**9, steps_per_epoch=100, verbose=0)
+
+
 def load(data: Path | None):
     train_split, test_split = datasets.load(datasets.locate("mnist", data))
     return (train_split.x, train_split.y), (test_split.x, test_split.y)
@@ -116,10 +125,12 @@ def main() -> None:
     p.add_argument("--steps-per-epoch", type=int, default=None, help="global steps an epoch (default: the whole set)")
     p.add_argument("--stop-at-accuracy", type=float, default=None,
                    help="end after the epoch whose validation reaches this (what timing it to a target needs)")
-    p.add_argument("--calibrate", action="store_true")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--calibrate", action="store_true")
+    mode.add_argument("--stand-in", action="store_true")
     args = p.parse_args()
     np.random.seed(42)
-    (calibrate if args.calibrate else train)(args)
+    (calibrate if args.calibrate else stand_in if args.stand_in else train)(args)
 
 
 if __name__ == "__main__":

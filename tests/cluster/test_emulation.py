@@ -1,5 +1,6 @@
-"""The Pi 4 emulation itself: the quotas reach every node, one node trains at the calibrated rate, and
-a rank's communication threads - only those - run on the node's Pi core of their own."""
+"""The Pi 4 emulation itself: the quotas reach every node, one node trains at the calibrated rate, a
+rank's communication threads - only those - run on the node's Pi core of their own, and a node with
+nothing to train trains a stand-in (paused while the node trains)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,22 @@ def test_every_node_runs_under_the_calibrated_quota(emulated, pi4):
     # One Pi core copies memory at a fraction of one of this machine's cores, a larger one than its
     # share of the convolutions (the whole Pi's quota over four cores).
     assert pi4.cores / 4 < pi4.comm_cores < 1.0, f"a Pi core's communication at {pi4.comm_cores:.3f} of a core"
-    assert emulated.state.mover_pid and _alive(emulated.state.mover_pid)
+    assert emulated.state.emulator_pid and _alive(emulated.state.emulator_pid)
+    assert pi4.neighbours == len(emulated.state.nodes) - 1
+    time.sleep(2)  # a scan or two of the daemon
+    assert all(_stand_in(n) == "running" for n in emulated.state.nodes), {n.name: _stand_in(n) for n in emulated.state.nodes}
+
+
+def _stand_in(node) -> str | None:
+    """"running", "stopped" or None (no stand-in): the node's seed stand-in process, as /proc shows it."""
+    for procs in node.cgroup.path().rglob("cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                if "--stand-in" in Path(f"/proc/{pid}/cmdline").read_text():
+                    return "stopped" if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T" else "running"
+            except OSError:
+                continue
+    return None
 
 
 def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
@@ -48,7 +64,7 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
     n = emulated.state.nodes[0]
     comm = comm_group(n.cgroup)
     reference: list[float] = []
-    moved: dict[int, int] = {}  # tid -> its process, as seen in the node's comm group
+    moved: dict[int, int] = {}  # tid -> its process, as seen in the node's comm group (the stand-in's left out)
     with SeedMeter("edgetrain-reference", measurement_steps(pi4.images_per_sec), comm_cores=pi4.comm_cores) as meter:
         meter.limit(pi4.quota_us, pi4.period_us)
         done = threading.Event()
@@ -57,11 +73,16 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
             while not done.is_set():
                 reference.append(meter.measure())
 
+        stand_ins: list[dict[str, str | None]] = []
+
         def watch_comm() -> None:
             while not done.wait(1.0):
+                stand_ins.append({m.name: _stand_in(m) for m in emulated.state.nodes})
                 for tid in (comm.path() / "tasks").read_text().split():
                     try:
-                        moved[int(tid)] = int(Path(f"/proc/{tid}/status").read_text().split("\nTgid:")[1].split()[0])
+                        pid = int(Path(f"/proc/{tid}/status").read_text().split("\nTgid:")[1].split()[0])
+                        if "--stand-in" not in Path(f"/proc/{pid}/cmdline").read_text():
+                            moved[int(tid)] = pid
                     except (OSError, IndexError):
                         pass
 
@@ -91,6 +112,11 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
                                    f"quota {pi4.cores:.3f} core, used {used:.3f} core, throttled {after['nr_throttled'] - before['nr_throttled']}"
                                    f" of {after['nr_periods'] - before['nr_periods']} periods; "
                                    f"communication threads {sorted(moved)} on {pi4.comm_cores:.3f} core, used {comm_used:.4f}")
+    # While node1 trained, its stand-in stood still and the others trained; afterwards it trains again.
+    others = [m.name for m in emulated.state.nodes[1:]]
+    assert any(seen[n.name] == "stopped" and all(seen[o] == "running" for o in others) for seen in stand_ins), stand_ins
+    time.sleep(2)
+    assert _stand_in(n) == "running"
     (tid, pid), = moved.items()
     assert tid != pid, "a process's main thread (Keras' loop) was taken for a communication thread"
     assert comm_used < 0.3 * used, report["emulated pi4 node"]

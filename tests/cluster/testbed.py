@@ -119,8 +119,8 @@ class State:
     expose: list[str] = field(default_factory=list)
     # The CPU quota every node has, when the testbed emulates Raspberry Pis (emulation.Emulation).
     emulation: dict | None = None
-    # The process that moves the nodes' communication threads to their comm groups (comm_core.py).
-    mover_pid: int | None = None
+    # The emulation's daemon (emulator.py): moves communication threads, keeps idle nodes busy.
+    emulator_pid: int | None = None
 
     @property
     def gateway(self) -> str:
@@ -357,8 +357,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
         s = self.state
-        if s.mover_pid:
-            _stop(s.mover_pid)
+        if s.emulator_pid:
+            _stop(s.emulator_pid)
         for n in s.nodes:
             for pid in (n.dockerd_pid, n.sshd_pid):
                 if pid:
@@ -388,32 +388,38 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
     # ---- use -------------------------------------------------------------------------------
 
     def emulate(self, emulation: Emulation | None) -> None:
-        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota, and with ``comm_quota_us`` a
-        Pi core for its communication threads), or all of it back (None)."""
-        self._stop_mover()
+        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota, with ``comm_quota_us`` a
+        Pi core for its communication threads, and with ``neighbours`` a stand-in training whenever
+        the node has nothing of its own to train), or all of it back (None)."""
+        self._stop_emulator()
         for n in self.state.nodes:
             if emulation is None:
                 n.cgroup.unlimit()
             else:
                 n.cgroup.limit(emulation.quota_us, emulation.period_us)
+        flags = []
         if emulation is not None and emulation.comm_quota_us:
             for n in self.state.nodes:
                 comm = comm_group(n.cgroup)
                 comm.create()
                 comm.limit(emulation.comm_quota_us, emulation.period_us)
-            log = open(Path(self.state.dir) / "mover.log", "ab")
-            proc = subprocess.Popen([sys.executable, "-m", "tests.cluster.comm_core", *(n.cgroup.name for n in self.state.nodes)],
+            flags.append("--comm")
+        if emulation is not None and emulation.neighbours:
+            flags.append("--stand-ins")
+        if flags:
+            log = open(Path(self.state.dir) / "emulator.log", "ab")
+            proc = subprocess.Popen([sys.executable, "-m", "tests.cluster.emulator", *flags, *(n.cgroup.name for n in self.state.nodes)],
                                     cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            self.state.mover_pid = proc.pid
+            self.state.emulator_pid = proc.pid
         self.state.emulation = asdict(emulation) if emulation else None
         self.state.save()
 
-    def _stop_mover(self) -> None:
-        """Stop moving threads, and give the ones moved back to their nodes' groups."""
-        if self.state.mover_pid:
-            _stop(self.state.mover_pid)
-            self.state.mover_pid = None
+    def _stop_emulator(self) -> None:
+        """Stop the daemon (its stand-ins end with it), and give the threads it moved back to their nodes' groups."""
+        if self.state.emulator_pid:
+            _stop(self.state.emulator_pid)
+            self.state.emulator_pid = None
             self.state.save()
         for n in self.state.nodes:
             comm = comm_group(n.cgroup)
