@@ -16,6 +16,8 @@ from importlib import metadata
 
 from mpi4py import MPI
 
+from . import pmi
+
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-cpu-aws")
 
 
@@ -45,9 +47,10 @@ def main() -> None:
         n = comm.size
         print(json.dumps({"size": n, "allreduce_ok": total == n * (n + 1) // 2, "ranks": everyone}), flush=True)
     # Ended like the training ranks, after a barrier and without MPI_Finalize, which can hang
-    # with MPICH 4.0.2's ch4:ucx over TCP (see edgetrain.training.main).
+    # with MPICH 4.0.2's ch4:ucx over TCP (see edgetrain.worker), but with Hydra told (edgetrain.pmi).
     comm.Barrier()
     sys.stdout.flush()
+    pmi.finalize()
     os._exit(0)
 
 

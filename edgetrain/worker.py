@@ -25,7 +25,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import failures, rendezvous, workdir
+from . import failures, pmi, rendezvous, workdir
 from .progress import Events
 
 # Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
@@ -312,8 +312,8 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
 def _end(code: int, scratch: str, pump: threading.Thread | None, abort: bool = False) -> None:
     """End without MPI_Finalize or atexit hooks: MPICH 4.0.2's ch4:ucx can hang in MPI_Finalize
     for good when two ranks of a node and ranks of other nodes talk over TCP (seen on the
-    testbed). Hydra mostly takes a status-0 end as clean, but now and then reports a node's second
-    rank as ended badly: the launcher goes by the "finished" event instead.
+    testbed). Hydra is told the end is meant (edgetrain.pmi), else it may report a rank that
+    finished as dead; the launcher still goes by the "finished" event.
 
     A failed rank (``abort``) calls MPI_Abort: a rank that merely exits is not enough for Hydra
     to end the others (seen on the testbed: rank 0 failed on a full disk, and the ranks of the
@@ -328,6 +328,8 @@ def _end(code: int, scratch: str, pump: threading.Thread | None, abort: bool = F
         shutil.rmtree(scratch, ignore_errors=True)
         if abort:
             _abort_job(code)
+        else:
+            pmi.finalize()
         if pump is not None:
             os.close(1)
             os.close(2)

@@ -10,7 +10,14 @@ Per training step (after ``--skip`` of warm-up), for the largest gradient (LeNet
 and the first layer's kernel (``--last``, gradient index 0, the end of backprop): how long after
 the big one the last gradient was ready everywhere, the big allreduce's wait and duration, how
 much of it fell before the last gradient was ready, what the small gradients' allreduce added,
-and the step. Medians, in milliseconds, as one JSON line.
+and the step. Medians, in milliseconds, as one JSON line, with the mean step, how long the big
+gradient took to be negotiated (from the first rank's request to the last's), and the steps'
+lengths in 10 ms bins.
+
+Horovod sees a request only at a turn of its cycle, so at a long cycle every figure here is counted
+in whole cycles: at 100 ms, steps of 300 ms and 400 ms and a median negotiation of 99 ms meant the
+big allreduce started about one cycle after the first rank's request, and a median step hid the
+long ones (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import json
 import re
 import statistics
+from collections import Counter
 from pathlib import Path
 
 
@@ -56,6 +64,7 @@ def analyse(events: list[dict], big: int, last: int, skip: int) -> dict:
     ar_big, ar_last = g[big]["ALLREDUCE"], g[last]["ALLREDUCE"]
     steps = min(len(ready_big), len(ready_last), len(ar_big), len(ar_last))
     rows = []
+    negotiate = [(e - b) / 1e3 for b, e in ready_big[skip:steps - 1]]
     for s in range(skip, steps - 1):
         rb, rl = ready_big[s][1], ready_last[s][1]
         (b0, b1), (_, l1) = ar_big[s], ar_last[s]
@@ -70,6 +79,9 @@ def analyse(events: list[dict], big: int, last: int, skip: int) -> dict:
     if not rows:
         raise SystemExit(f"only {steps} steps in the timeline: nothing left after skipping {skip}")
     out = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]}
+    out["step_ms_mean"] = round(statistics.mean(r["step_ms"] for r in rows), 1)
+    out["big_negotiation_ms"] = round(statistics.median(negotiate), 1)
+    out["step_ms_bins"] = dict(sorted(Counter(round(r["step_ms"], -1) for r in rows).items()))
     out["steps"] = len(rows)
     out["big_done_before_last_ready"] = sum(r["big_hidden_ms"] >= r["big_allreduce_ms"] - 1 for r in rows)
     return out
