@@ -162,14 +162,18 @@ def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | Non
 
 
 def steady_rate(run: runs.Run) -> float | None:
-    """Training img/s after warm-up: between the first and the last evaluation (each record's clock
-    includes its own evaluation, which is left out), else the last epoch's. A run stopped at its
-    target inside epoch 1 has only that epoch, whose figure carries TensorFlow's tracing."""
+    """Training img/s after warm-up: between the first and the last evaluation, in training steps
+    only (the records' ``train_seconds``; from runs that predate it, their clock less the evaluations,
+    which also counts the work between epochs), else the last epoch's. A run stopped at its target
+    inside epoch 1 has only that epoch, whose figure carries TensorFlow's tracing."""
     evals = [e for e in run.evaluations() if e.get("images") and e.get("seconds") is not None
              and e.get("eval_seconds") is not None and "resumed_after_epoch" not in e]
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
-        seconds = last["seconds"] - first["seconds"] - sum(e["eval_seconds"] for e in evals[1:])
+        if first.get("train_seconds") is not None and last.get("train_seconds") is not None:
+            seconds = last["train_seconds"] - first["train_seconds"]
+        else:
+            seconds = last["seconds"] - first["seconds"] - sum(e["eval_seconds"] for e in evals[1:])
         if seconds > 0 and last["images"] > first["images"]:
             return (last["images"] - first["images"]) / seconds
     epochs = [m for m in run.metrics() if m.get("images_per_sec")]

@@ -100,6 +100,7 @@ class Progress(tf.keras.callbacks.Callback):
         self.validation_examples = validation_examples
         self.started = time.time()
         self.first_step: float | None = None
+        self.trained = 0.0  # seconds of training steps in the epochs before this one
         self.reached_target = False
         self.last: dict = {}
         self.last_emit = 0.0
@@ -137,6 +138,11 @@ class Progress(tf.keras.callbacks.Callback):
     def on_test_end(self, logs=None):
         self.test_seconds = time.time() - (self.test_start or time.time())
 
+    def train_seconds(self) -> float:
+        """Seconds spent in training steps so far: no evaluation, nothing between epochs (checkpoints)."""
+        now = self.train_time if self.train_time is not None else time.time() - self.epoch_start - self.eval_time
+        return self.trained + now
+
     def on_epoch_end(self, epoch, logs=None):
         train_time = self.train_time or (time.time() - self.epoch_start - self.eval_time)
         metrics = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items() if _number(v)}}
@@ -151,6 +157,7 @@ class Progress(tf.keras.callbacks.Callback):
         # After a stop at the target, the epoch's validation repeats the evaluation that stopped it.
         if self.test_start is not None and "val_accuracy" in metrics and self.evaluated_at != self.steps_done:
             self.evaluated(metrics["val_accuracy"], metrics.get("val_loss"), self.test_seconds, self.validation_examples)
+        self.trained += train_time
         if self.monitor != "val_accuracy" and self.target is not None and metrics.get(self.monitor, -1.0) >= self.target:
             self._stop()
 
@@ -160,7 +167,7 @@ class Progress(tf.keras.callbacks.Callback):
         reached = (self.target is not None and self.monitor == "val_accuracy" and not self.reached_target
                    and val_accuracy >= self.target)
         record = {"kind": "eval", "epoch": self.epoch + 1, "step": self.steps_done,
-                  "seconds": time.time() - (self.first_step or self.started),
+                  "seconds": time.time() - (self.first_step or self.started), "train_seconds": self.train_seconds(),
                   "images": ((self.epoch * self.steps) + self.steps_done) * (self.global_batch or 0) or None,
                   "val_accuracy": float(val_accuracy), "val_loss": None if val_loss is None else float(val_loss),
                   "eval_seconds": seconds, "examples": examples, "ranks": self.size}

@@ -9,7 +9,12 @@ from .errors import EdgetrainError, UsageError
 from .inventory import DEVICE_GROUPS, Host, Inventory
 
 
-CPU_CYCLE_TIME_MS = 100
+# Horovod's cycle: how often its background thread turns to new requests, and negotiates with every
+# other rank even when none are pending. With MPI that negotiation polls, so it stays rare; Gloo's waits
+# sleep, so a short one costs little, while a gradient arriving just after a turn waits a whole cycle
+# (docs/scaling.md: at 100 ms a 3-node LeNet's steps locked to 300 and 400 ms).
+SLOW_CYCLE_TIME_MS = 100
+GLOO_CYCLE_TIME_MS = 10
 # How long a Gloo collective waits for a peer before failing the rank. Generous: a rank's own
 # slow work (rank 0 saving a model to an SD card) must not fail the others; a dead node is
 # noticed sooner by the launcher (its ssh keepalives) or by the peers' closed connections.
@@ -35,13 +40,8 @@ class Placement:
             # At size 1 Horovod skips the gradients' allreduce (its _allreduce_cond), so the cycle
             # only paces a handful of collectives a run; at its default 1 ms the idle thread still
             # woke a thousand times a second: 2% of a core here, 14% of an emulated Pi's quota.
-            env["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
+            env["HOROVOD_CYCLE_TIME"] = str(SLOW_CYCLE_TIME_MS)
         if len(self.hosts) > 1 and all(h.device == "cpu" for h in self.hosts):
-            # Horovod's background thread negotiates with every other rank once a cycle, busy
-            # waiting in MPI, even when no tensor is pending: at its default 1 ms cycle an idle
-            # 3-node job used all of an emulated Pi's CPU (docs/scaling.md). CPU nodes' steps
-            # take hundreds of ms, so a longer cycle costs them little.
-            env["HOROVOD_CYCLE_TIME"] = str(CPU_CYCLE_TIME_MS)
             mine = {rendezvous.CONTROLLER, rendezvous.OPERATIONS} & self.head.mpi_env.keys()
             if self.head.iface and not mine:
                 # Gloo waits without polling (edgetrain.rendezvous); it finds its peers on the
@@ -49,6 +49,10 @@ class Placement:
                 # inventory that picks either half itself picks both (Horovod 0.28 crashes on an
                 # MPI controller with Gloo collectives).
                 env.update(rendezvous.rank_env(self.head.iface, GLOO_TIMEOUT_S))
+            gloo = self.head.mpi_env.get(rendezvous.CONTROLLER, env.get(rendezvous.CONTROLLER)) == "gloo"
+            # MPI busy-waits in every negotiation, even with no tensor pending: at Horovod's default
+            # 1 ms an idle 3-node job used all of an emulated Pi's CPU (docs/scaling.md).
+            env["HOROVOD_CYCLE_TIME"] = str(GLOO_CYCLE_TIME_MS if gloo else SLOW_CYCLE_TIME_MS)
         return {**env, **self.head.mpi_env}
 
     @property

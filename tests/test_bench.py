@@ -74,6 +74,17 @@ def test_steady_rate_leaves_out_warm_up_and_evaluations(tmp_path):
     assert bench.steady_rate(one_eval) == 200.0
 
 
+def test_steady_rate_counts_training_steps_only_when_the_records_say(tmp_path):
+    # Two epochs: 30 s of training each, 5 s of checkpoint and callbacks between them that the
+    # evaluations' clock counts and their train_seconds does not.
+    evals = [{"kind": "eval", "epoch": 1, "step": 120, "images": 7680, "seconds": 40.0, "eval_seconds": 6.0,
+              "train_seconds": 32.0, "val_accuracy": 0.95},
+             {"kind": "eval", "epoch": 2, "step": 120, "images": 15360, "seconds": 81.0, "eval_seconds": 6.0,
+              "train_seconds": 62.0, "val_accuracy": 0.97}]
+    run = _run_with(tmp_path / "two-epochs", [*evals, {"epoch": 2, "images_per_sec": 256.0}])
+    assert bench.steady_rate(run) == pytest.approx(7680 / 30)
+
+
 def _body(rates: dict[int, float]) -> dict:
     one = rates[1]
     return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}

@@ -123,15 +123,21 @@ def test_ranks_never_span_aarch64_and_x86_64(tmp_path):
     assert "aarch64: pi0, pi1, pi2; x86_64: nuc" in str(err.value) and "--group" in str(err.value)
 
 
-def test_ranks_on_several_cpu_nodes_get_gloo_and_a_long_horovod_cycle_unless_the_inventory_says_otherwise(tmp_path):
+def test_ranks_on_several_cpu_nodes_get_gloo_and_a_cycle_for_its_transport_unless_the_inventory_says_otherwise(tmp_path):
     inv = inventory.load(write(tmp_path, CLUSTER))
     assert placement.plan(inv, 4).rank_env == {}  # one host: no negotiation between nodes
     # One rank: its gradients skip Horovod, whose idle 1 ms cycle would only cost CPU.
-    assert placement.plan(inv, 1).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}
+    assert placement.plan(inv, 1).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.SLOW_CYCLE_TIME_MS)}
+    # Gloo sleeps while it waits: a short cycle, so that no gradient waits long for its turn.
     assert placement.plan(inv, 6).rank_env == {
-        "HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_CYCLE_TIME": str(placement.GLOO_CYCLE_TIME_MS), "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_GLOO_TIMEOUT_SECONDS": str(placement.GLOO_TIMEOUT_S)}
     mine = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CYCLE_TIME: 5, UCX_TLS: tcp, HOROVOD_CPU_OPERATIONS: mpi}\n")
     assert placement.plan(inventory.load(mine), 6).rank_env == {"HOROVOD_CYCLE_TIME": "5", "UCX_TLS": "tcp", "HOROVOD_CPU_OPERATIONS": "mpi"}
+    # MPI polls while it waits: its cycle stays long, whoever chose MPI.
     no_iface = write(tmp_path, CLUSTER.replace("    edgetrain_iface: eth0\n", ""))
-    assert placement.plan(inventory.load(no_iface), 6).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.CPU_CYCLE_TIME_MS)}
+    assert placement.plan(inventory.load(no_iface), 6).rank_env == {"HOROVOD_CYCLE_TIME": str(placement.SLOW_CYCLE_TIME_MS)}
+    mpi = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CONTROLLER: mpi, HOROVOD_CPU_OPERATIONS: mpi}\n")
+    assert placement.plan(inventory.load(mpi), 6).rank_env["HOROVOD_CYCLE_TIME"] == str(placement.SLOW_CYCLE_TIME_MS)
+    gloo = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CONTROLLER: gloo, HOROVOD_CPU_OPERATIONS: gloo}\n")
+    assert placement.plan(inventory.load(gloo), 6).rank_env["HOROVOD_CYCLE_TIME"] == str(placement.GLOO_CYCLE_TIME_MS)
