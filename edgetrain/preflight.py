@@ -166,13 +166,10 @@ def _probe_once(running: containers.Containers, timeout: float) -> dict:
 def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
     """mpi4py across the planned ranks inside the containers: where each runs, with what, and one allreduce."""
     start = time.monotonic()
+    # No second try: the probe's occasional "process manager error waiting for completion" was
+    # Hydra taking the ranks' ends for deaths, which edgetrain.pmi prevents.
     try:
-        try:
-            report = _probe_once(running, timeout)
-        except EdgetrainError:
-            # Hydra 4.0.2 has failed a probe now and then with "process manager error waiting for
-            # completion" (once in three test runs; cause not found): only a second failure counts.
-            report = _probe_once(running, timeout)
+        report = _probe_once(running, timeout)
     except subprocess.TimeoutExpired:
         raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s", PROBE_FIX) from None
     if not report["allreduce_ok"]:
