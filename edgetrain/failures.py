@@ -28,6 +28,32 @@ class Failure:
     # others were still in a collective. Its peers then fail too, but it is the cause.
     kind: str = "exception"
 
+    @property
+    def lost_peer(self) -> str | None:
+        """The address of the peer whose connection broke under this rank's collective (Gloo
+        names it), "" when the transport does not say, None when this failure is not of that kind.
+        Such a failure is a consequence: the peer was killed, crashed or went off the network."""
+        m = self._lost()
+        return None if m is None else (m.group(1) or "")
+
+    @property
+    def headline(self) -> str:
+        """The error in one line: TensorFlow wraps a collective's failure in a graph trace whose
+        last lines carry the transport's own words."""
+        m = self._lost()
+        return self.error if m is None else m.group(0).strip()
+
+    def _lost(self) -> re.Match | None:
+        if self.kind != "exception":
+            return None
+        return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
+
+
+# Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
+# peer"), or Horovod shutting down after its background loop lost a peer.
+LOST_PEER = re.compile(r"(?:Read|Write|Connect) error \[([0-9a-fA-F.:]+)\]:\d+: [^\n]*"
+                       r"|Connection (?:reset|closed) by peer|Horovod has been shut down[^\n]*")
+
 
 def path(run_dir: Path, rank: int) -> Path:
     return run_dir / f"rank.{rank}.failure.json"

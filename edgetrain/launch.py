@@ -358,8 +358,9 @@ def _tail(run: runs.Run, rank: int, n: int = 15) -> list[str]:
 def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output: list[str],
               watched: tuple[inventory.Host | None, str] | None, reported: list[failures.Failure] = ()) -> None:
     """Name the failure: the earliest failure record a rank wrote (or rank 0 reported on its
-    stream, when its disk could not take the record), else what the watcher saw, else the
-    process Hydra reports as ended badly, else the node whose ssh Hydra lost."""
+    stream, when its disk could not take the record) unless it only lost a peer, else what the
+    watcher saw, else the peer a rank lost, else the process Hydra reports as ended badly, else
+    the node whose ssh Hydra lost, else the rank that lost a peer."""
     records = failures.read_all(run.path)
     recorded = {f.rank for f in records}
     if any(f.rank not in recorded for f in reported):
@@ -375,11 +376,14 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
                                 f"on every rank (rank {records[0].rank}: {records[0].error.splitlines()[0][:200]})")
         outcome.log_tail = _tail(run, done[0])
         return
-    if records:
-        first = records[0]
+    causes = [f for f in records if f.lost_peer is None]
+    if causes:
+        first = causes[0]
         outcome.failed_rank, outcome.failed_host = first.rank, first.host
         outcome.failed_error = first.error + (f" - {first.fix}" if first.fix else "")
         outcome.log_tail = _tail(run, first.rank)
+        return
+    if watched is None and records and _name_lost_peer(run, plan, outcome, records[0]):
         return
     if watched is not None:
         host, why = watched
@@ -415,7 +419,26 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
     if lost is not None:
         outcome.failed_host = getattr(runtimes.host_of(plan, lost), "name", lost)
         outcome.failed_error = "lost its connection to mpirun"
+    elif records:
+        first = records[0]
+        outcome.failed_rank, outcome.failed_host, outcome.failed_error = first.rank, first.host, first.headline
+        outcome.log_tail = _tail(run, first.rank)
+        return
     outcome.log_tail = output[-15:]
+
+
+def _name_lost_peer(run: runs.Run, plan: placement.Placement, outcome: Outcome, record: failures.Failure) -> bool:
+    """Name the node a rank lost its connection to: that rank only failed because its peer went
+    (killed, crashed, off the network), and the peer could not say so itself."""
+    peer = runtimes.host_of(plan, record.lost_peer) if record.lost_peer else None
+    if peer is None:
+        return False
+    ranks = plan.ranks_on(peer)
+    outcome.failed_host = peer.name
+    outcome.failed_rank = ranks[0] if len(ranks) == 1 else None
+    outcome.failed_error = f"it went away during a collective (rank {record.rank} on {record.host}: {record.headline})"
+    outcome.log_tail = _tail(run, ranks[0]) if ranks else []
+    return True
 
 
 def _die_with_parent() -> None:

@@ -115,6 +115,47 @@ def test_a_damaged_failure_record_is_skipped_and_hydras_report_names_the_rank(tm
     assert outcome.failed_error == "process 4242 ended abnormally (exit code 9)"
 
 
+GLOO_RESET = ("UnknownError: Graph execution error:\n\nDetected at node HorovodAllreduce_grads_6_0 defined at ...\n"
+              "[third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [{peer}]:20128: Connection reset by peer\n"
+              "\t [[{{{{node DistributedAdam_Allreduce/cond_6/HorovodAllreduce_grads_6_0}}}}]] [Op:__inference_train_function_2742]")
+
+
+def three_nodes():
+    hosts = (host("node1", groups=("head", "rpi")), host("n2"), host("node03"))
+    return hosts, placement.plan(Inventory(Path("inv"), hosts), 3)
+
+
+def test_a_rank_that_lost_its_peer_names_the_peer_not_itself(tmp_path):
+    # The peer's container was killed: it wrote nothing, the rank beside it saw the reset.
+    hosts, plan = three_nodes()
+    failures.write(tmp_path, 1, "n2", GLOO_RESET.format(peer=hosts[2].address), "Traceback ...")
+    (tmp_path / "rank.2.log").write_text("rank 2/3 on node03 (pid 47)\n")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, ["BAD TERMINATION", f"PID 50 RUNNING AT {hosts[1].address}"], None)
+    assert (outcome.failed_rank, outcome.failed_host) == (2, "node03")
+    assert outcome.failed_error == (f"it went away during a collective (rank 1 on n2: Read error [{hosts[2].address}]:20128: "
+                                    "Connection reset by peer)")
+    assert outcome.log_tail == ["rank 2/3 on node03 (pid 47)"]
+
+
+def test_a_rank_that_failed_by_itself_is_named_before_one_that_lost_it(tmp_path):
+    hosts, plan = three_nodes()
+    failures.write(tmp_path, 0, "node1", GLOO_RESET.format(peer=hosts[2].address), "Traceback ...")
+    failures.write(tmp_path, 2, "node03", "MemoryError: out of memory", "Traceback ...")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
+    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (2, "node03", "MemoryError: out of memory")
+
+
+def test_a_lost_peer_outside_the_plan_leaves_the_rank_that_saw_it_in_one_line(tmp_path):
+    _, plan = three_nodes()
+    failures.write(tmp_path, 1, "n2", GLOO_RESET.format(peer="198.18.9.9"), "Traceback ...")
+    outcome = _outcome(tmp_path)
+    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
+    assert (outcome.failed_rank, outcome.failed_host) == (1, "n2")
+    assert outcome.failed_error == "Read error [198.18.9.9]:20128: Connection reset by peer"
+
+
 class ScriptedMpirun:
     """Stands in for running containers: each mpirun is the next shell script, run for real."""
 
