@@ -16,7 +16,8 @@ of every process in ``G`` (and the groups below it: a Docker engine's containers
 Which threads: any thread but a process's main thread whose live stack (from its stack pointer to
 the end of its stack's mapping) holds a return address into Horovod's library: its background loop
 (which also makes the MPI calls when MPI carries the collectives) and Gloo's event loops. Read from ``/proc`` (the thread's stack pointer in ``syscall``, ``maps``,
-``mem``), with no help from the process, so the seed recipe's ranks and edgetrain's are split
+``mem``; a thread that is never blocked - MPI's polling - is stopped for that moment with
+ptrace), with no help from the process, so the seed recipe's ranks and edgetrain's are split
 alike. TensorFlow's threads show Horovod's addresses only for the microseconds they spend handing
 it a tensor, so a thread moves once it has shown them in two scans in a row.
 
@@ -27,6 +28,9 @@ by its quota and by four, bounds what that would have cost: ``training_share_bou
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import re
 import struct
 import threading
@@ -82,24 +86,56 @@ def _maps(pid: int) -> list[tuple[int, int, str, str]]:
     return out
 
 
+def _stack(pid: int, sp: int, maps: list[tuple[int, int, str, str]]) -> bytes | None:
+    end = next((hi for lo, hi, _, _ in maps if lo <= sp < hi), None)
+    if end is None:
+        return None
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(sp)
+        return mem.read(end - sp)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ctypes.c_long
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_GETREGS, PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 12, 17, 0x4206, 0x4207
+WALL = 0x40000000  # waitpid's __WALL: the thread is not a child of ours
+RSP = 19  # in x86_64's struct user_regs_struct
+
+
+def _stack_of_runnable(pid: int, tid: int, maps: list[tuple[int, int, str, str]]) -> bytes | None:
+    """The stack of a thread that never sleeps in a syscall (MPI's progress polls without end, and
+    a throttled group's threads are runnable while they wait for the next period): the kernel
+    publishes its stack pointer only while it is blocked, so it is stopped for the moment of the
+    read (ptrace, this one thread only), then let go."""
+    if platform.machine() != "x86_64" or _libc.ptrace(PTRACE_SEIZE, tid, None, None) != 0:
+        return None
+    try:
+        if _libc.ptrace(PTRACE_INTERRUPT, tid, None, None) != 0:
+            return None
+        os.waitpid(tid, WALL)
+        regs = (ctypes.c_ulonglong * 27)()
+        if _libc.ptrace(PTRACE_GETREGS, tid, None, ctypes.byref(regs)) != 0:
+            return None
+        return _stack(pid, regs[RSP], maps)
+    except OSError:
+        return None
+    finally:
+        _libc.ptrace(PTRACE_DETACH, tid, None, None)
+
+
 def shows_comm_frames(pid: int, tid: int, maps: list[tuple[int, int, str, str]]) -> bool | None:
     """Whether the thread's live stack holds a return address into a communication library; None
-    when it cannot be told now (the thread is running, or gone)."""
+    when it cannot be told now (the thread is gone)."""
     text = [(lo, hi) for lo, hi, perm, path in maps if "x" in perm and COMM_LIBRARY.search(path)]
     if not text:
         return False
     try:
         fields = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()
-        if len(fields) < 3:  # "running": its stack pointer is not published
-            return None
-        sp = int(fields[-2], 16)
-        end = next((hi for lo, hi, _, _ in maps if lo <= sp < hi), None)
-        if end is None:
-            return None
-        with open(f"/proc/{pid}/mem", "rb") as mem:
-            mem.seek(sp)
-            data = mem.read(end - sp)
+        data = _stack_of_runnable(pid, tid, maps) if len(fields) < 3 else _stack(pid, int(fields[-2], 16), maps)
     except (OSError, ValueError):
+        return None
+    if data is None:
         return None
     words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
     return any(lo <= w < hi for w in words for lo, hi in text)
