@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
+# peer"), or Horovod shutting down after its background loop lost a peer.
+LOST_PEER = re.compile(r"(?:Read|Write|Connect) error \[([0-9a-fA-F.:]+)\]:\d+: [^\n]*"
+                       r"|Connection (?:reset|closed) by peer|Horovod has been shut down[^\n]*")
+
+
 @dataclass(frozen=True)
 class Failure:
     rank: int
@@ -47,12 +53,6 @@ class Failure:
         if self.kind != "exception":
             return None
         return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
-
-
-# Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
-# peer"), or Horovod shutting down after its background loop lost a peer.
-LOST_PEER = re.compile(r"(?:Read|Write|Connect) error \[([0-9a-fA-F.:]+)\]:\d+: [^\n]*"
-                       r"|Connection (?:reset|closed) by peer|Horovod has been shut down[^\n]*")
 
 
 def path(run_dir: Path, rank: int) -> Path:

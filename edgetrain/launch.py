@@ -379,12 +379,7 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
     causes = [f for f in records if f.lost_peer is None]
     if causes:
         first = causes[0]
-        outcome.failed_rank, outcome.failed_host = first.rank, first.host
-        outcome.failed_error = first.error + (f" - {first.fix}" if first.fix else "")
-        outcome.log_tail = _tail(run, first.rank)
-        return
-    if watched is None and records and _name_lost_peer(run, plan, outcome, records[0]):
-        return
+        return _name_rank(run, outcome, first, first.error + (f" - {first.fix}" if first.fix else ""))
     if watched is not None:
         host, why = watched
         done = failures.ended(run.path)
@@ -399,6 +394,8 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
             outcome.log_tail = _tail(run, ranks[0])
         else:
             outcome.log_tail = output[-15:]
+        return
+    if records and _name_lost_peer(run, plan, outcome, records[0]):
         return
     text = "\n".join(output)
     ended = mpi.terminated(text)
@@ -420,11 +417,13 @@ def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output
         outcome.failed_host = getattr(runtimes.host_of(plan, lost), "name", lost)
         outcome.failed_error = "lost its connection to mpirun"
     elif records:
-        first = records[0]
-        outcome.failed_rank, outcome.failed_host, outcome.failed_error = first.rank, first.host, first.headline
-        outcome.log_tail = _tail(run, first.rank)
-        return
+        return _name_rank(run, outcome, records[0], records[0].headline)
     outcome.log_tail = output[-15:]
+
+
+def _name_rank(run: runs.Run, outcome: Outcome, record: failures.Failure, error: str) -> None:
+    outcome.failed_rank, outcome.failed_host, outcome.failed_error = record.rank, record.host, error
+    outcome.log_tail = _tail(run, record.rank)
 
 
 def _name_lost_peer(run: runs.Run, plan: placement.Placement, outcome: Outcome, record: failures.Failure) -> bool:
