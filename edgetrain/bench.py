@@ -4,15 +4,16 @@ On any inventory, one rank per node:
   (a) Horovod's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
       latency), wall and CPU seconds per operation (``edgetrain.allreduce``);
   (b) the job on one node: img/s, and the time to the target accuracy;
-  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..): the median img/s,
-      E(N) = R(N) / (N R(1)), the share of a step above one node's (what allreduce and waiting add),
-      and the time to the target accuracy;
+  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
+      ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
+      above one node's (what allreduce and waiting add), and the time to the target accuracy;
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
-      compute time plus the allreduce as measured on these nodes (so its CPU cost on a slow node
-      is in it, not only the link) and Horovod's cycle, divided by the steps it is shared over
-      (``backward_passes_per_step``). How much of the allreduce hides behind the backward pass
-      depends on where the model keeps its parameters, so it is a band - nothing hidden, all of
-      it hidden - and its middle; printed, then set beside the measurement;
+      compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
+      slow node is in it, not only the link) and of Horovod's cycle the backward pass does not
+      hide, over the steps it is shared by (``backward_passes_per_step``). A band - nothing
+      hidden, all of it hidden - and inside it the estimate: for a built-in job, from when
+      backprop produces each gradient (``edgetrain.overlap``); for a script, the band's middle.
+      Printed, then set beside the measurement;
   (e) ``bench.json`` and a plot (``bench.svg``) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from . import inventory, jobs, launch, placement, runs
+from . import inventory, jobs, launch, overlap, placement, runs
 from . import program as programs
 from .datasets import TRAIN_EXAMPLES
 from .errors import EdgetrainError, UsageError
@@ -114,36 +115,44 @@ def parse_nodes(spec: str | None) -> list[int] | None:
     return found
 
 
-def gradient_bytes(program: Program) -> int:
-    """A built-in job's gradient: 4 bytes per trainable parameter of its model."""
+def model_of(program: Program):
+    """A built-in job's Keras model, as its options build it (None for a script)."""
     if program.job is None:
-        raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
+        return None
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines are not this command's output
-    net = program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
-    return 4 * sum(int(v.shape.num_elements()) for v in net.trainable_variables)
+    return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
+
+
+def gradient_bytes(model) -> int:
+    """A model's gradient: 4 bytes per trainable parameter."""
+    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """E(N) between two bounds. Horovod starts a gradient's allreduce as soon as backprop has produced
-    it, while earlier layers' backprop still runs; how much of the allreduce that hides depends on the
-    order the model produces its bytes in (LeNet's Dense kernel comes first and hides almost whole,
-    docs/scaling.md), which one node's step time does not tell."""
+    """E(N) between two bounds, and the estimate set beside the measurement. Horovod starts a
+    gradient's allreduce as soon as backprop has produced it, while earlier layers' backprop still
+    runs; how much that hides depends on the order the model produces its bytes in (LeNet's Dense
+    kernel first), which one node's step time does not tell, but its layers do."""
 
     low: float  # nothing hidden: compute, then the allreduce, then half a cycle's wait
     high: float  # the allreduce hidden behind the step's compute, up to its length
-
-    @property
-    def expected(self) -> float:
-        return (self.low + self.high) / 2
+    expected: float  # from when backprop produces each gradient, or the band's middle without a model
 
 
-def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1) -> Prediction:
+def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
+            gradients: list[overlap.Gradient] | None = None) -> Prediction:
     """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
-    of communicating is in it), shared over the ``backward_passes`` steps of an update."""
-    hidden = min(ar.seconds, step_seconds * backward_passes)
-    return Prediction(low=step_seconds / (step_seconds + ar.per_update / backward_passes),
-                      high=step_seconds / (step_seconds + (ar.per_update - hidden) / backward_passes))
+    of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
+    last of them hides any of it."""
+    update = step_seconds * backward_passes
+    hidden = min(ar.seconds, update)
+    low = update / (update + ar.per_update)
+    high = update / (update + ar.per_update - hidden)
+    if not gradients:
+        return Prediction(low, high, (low + high) / 2)
+    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds)
+    return Prediction(low, high, update / (update + late))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -201,7 +210,11 @@ class Bench:
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
         if req.repeat < 1:
             raise UsageError(f"--repeat {req.repeat} must be at least 1")
-        self.gradient = req.gradient_bytes or gradient_bytes(self.program)
+        model = model_of(self.program)
+        if model is None and not req.gradient_bytes:
+            raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
+        self.gradient = req.gradient_bytes or gradient_bytes(model)
+        self.gradients = overlap.schedule(model) if model is not None else None
         self.root = runs.ensure_writable(req.runs_dir)
         self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
@@ -237,30 +250,21 @@ class Bench:
         e = found[-1]
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"])
 
-    def program_for(self, n: int) -> Program:
-        """The job as it runs on ``n`` nodes: timed to the target, evaluated four times an epoch unless told."""
+    def program_for(self, n: int, attempt: int = 1) -> Program:
+        """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
+        times an epoch unless told, and seeded by the try - the same seed at every N, so each try
+        compares N on one trajectory and the median is over several, not over one replayed."""
+        o = self.req.options
         if self.program.job is None:
             return self.program
-        o = self.req.options
         steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
         # A multiple of the steps per execution, which evaluations can only fall between.
         quarter = max(o.steps_per_execution, steps // 4 // o.steps_per_execution * o.steps_per_execution)
-        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy,
+        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
                                                               eval_every=o.eval_every or quarter))
 
     def train(self, n: int, attempt: int) -> Trial:
-        run, outcome, _ = self._launch(self.program_for(n), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
-        metrics = run.metrics()
-        epochs = [m for m in metrics if m.get("images_per_sec")]
-        if outcome.state is not launch.State.COMPLETED:
-            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.failed_error or ''}")
-        elif not epochs:
-            raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
-                                 "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
-        ips = steady_rate(run)
-        seconds, images = _seconds_to_target(run, self.target_accuracy)
-        return Trial(n, run.id, ips, seconds, images, outcome.state.value)
-
+        run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
         req, log = self.req, self.req.log
@@ -295,9 +299,10 @@ class Bench:
             return
         step = self.batch_size() / one
         for n, ar in self.allreduce.items():
-            self.predicted[n] = predict(step, ar, self.backward_passes)
-        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step) and (a), "
-                     "between nothing and all of the allreduce hidden behind the step: "
+            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients)
+        how = "when backprop produces each gradient" if self.gradients else "the middle of the band"
+        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a) and {how}; "
+                     "in brackets, nothing to all of the allreduce hidden behind the step: "
                      + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
 
     def batch_size(self) -> int:

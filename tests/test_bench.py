@@ -47,6 +47,7 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     # when nothing hides it, only the wait when the step hides it all.
     e = bench.predict(64 / 250, ar)
     assert (e.low, e.high) == pytest.approx((0.256 / 0.356, 0.256 / 0.276))
+    # Without a model (a script), the estimate is the band's middle.
     assert e.expected == pytest.approx((0.256 / 0.356 + 0.256 / 0.276) / 2)
     # Accumulating two batches per allreduce halves what it adds to a step.
     assert bench.predict(64 / 250, ar, backward_passes=2).low == pytest.approx(0.256 / 0.306)
@@ -54,6 +55,38 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)
     assert bench.predict(64 / 250, slow).high == pytest.approx(0.256 / (0.256 + 0.144 + 0.020))
+
+
+def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolutions_to_hide_it():
+    from edgetrain import overlap, program as programs
+
+    model = bench.model_of(programs.resolve("lenet", [], programs.JobOptions()))
+    assert bench.gradient_bytes(model) == 4 * 1_630_090
+    gradients = overlap.schedule(model)
+    # Backprop order: Dense(10), Dense(512), then the two convolutions; multiply-adds per example
+    # 5,120 / 1,605,632 / 3,612,672 / 225,792, the first convolution without its input's gradient.
+    forward = 5_120 + 1_605_632 + 3_612_672 + 225_792
+    total = forward + 2 * (5_120 + 1_605_632 + 3_612_672) + 225_792
+    assert [g.ready for g in gradients] == pytest.approx(
+        [(forward + 2 * 5_120) / total, (forward + 2 * (5_120 + 1_605_632)) / total,
+         (total - 225_792) / total, 1.0])
+    assert [g.share for g in gradients] == pytest.approx(
+        [5_130 / 1_630_090, 1_606_144 / 1_630_090, 18_496 / 1_630_090, 320 / 1_630_090])
+    step, cycle = 0.256, 0.010
+    # The Dense kernel's allreduce starts half a cycle after its gradient, at 54% of the step: an
+    # allreduce shorter than the 46% left hides whole but for the small convolution gradients
+    # queued behind it; a longer one sticks out by its excess.
+    dense = gradients[1]
+    short = overlap.exposed(step, gradients, transfer=0.050, cycle=cycle)
+    assert short == pytest.approx(cycle / 2 + 0.050 * gradients[3].share)
+    long = overlap.exposed(step, gradients, transfer=0.200, cycle=cycle)
+    queued = sum(g.share for g in gradients[1:])
+    assert long == pytest.approx(dense.ready * step + cycle / 2 + 0.200 * queued - step)
+    # The estimate lies inside the band, and follows the hidden share.
+    ar = bench.Allreduce(4, 4 * 1_630_090, 0.200, 0.05, 0.001, "r", "gloo", cycle)
+    e = bench.predict(step, ar, gradients=gradients)
+    assert e.low < e.expected < e.high
+    assert e.expected == pytest.approx(step / (step + long))
 
 
 def _run_with(path, records: list[dict]) -> runs.Run:
