@@ -254,9 +254,9 @@ class Bench:
         """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
         times an epoch unless told, and seeded by the try - the same seed at every N, so each try
         compares N on one trajectory and the median is over several, not over one replayed."""
-        o = self.req.options
         if self.program.job is None:
             return self.program
+        o = self.req.options
         steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
         # A multiple of the steps per execution, which evaluations can only fall between.
         quarter = max(o.steps_per_execution, steps // 4 // o.steps_per_execution * o.steps_per_execution)
@@ -265,6 +265,17 @@ class Bench:
 
     def train(self, n: int, attempt: int) -> Trial:
         run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
+        metrics = run.metrics()
+        epochs = [m for m in metrics if m.get("images_per_sec")]
+        if outcome.state is not launch.State.COMPLETED:
+            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.failed_error or ''}")
+        elif not epochs:
+            raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
+                                 "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
+        ips = steady_rate(run)
+        seconds, images = _seconds_to_target(run, self.target_accuracy)
+        return Trial(n, run.id, ips, seconds, images, outcome.state.value)
+
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
         req, log = self.req, self.req.log
