@@ -34,18 +34,16 @@ def _macs(layer) -> int:
 def schedule(model) -> list[Gradient]:
     """The model's trainable layers in the order backprop produces their gradients."""
     layers = [layer for layer in model.layers if layer.trainable_weights]
-    if not layers:
-        return []
     macs = [_macs(layer) for layer in layers]
-    nbytes = [sum(int(w.shape.num_elements()) for w in layer.trainable_weights) for layer in layers]
+    params = [sum(int(w.shape.num_elements()) for w in layer.trainable_weights) for layer in layers]
     backward = [m if i == 0 else 2 * m for i, m in enumerate(macs)]
     total = sum(macs) + sum(backward)
-    if total == 0:
+    if total == 0:  # no layer with a kernel: nothing to place
         return []
-    done, found = sum(macs), []
+    done, whole, found = sum(macs), sum(params), []
     for i in reversed(range(len(layers))):
         done += backward[i]
-        found.append(Gradient(ready=done / total, share=nbytes[i] / sum(nbytes)))
+        found.append(Gradient(ready=done / total, share=params[i] / whole))
     return found
 
 
