@@ -143,3 +143,14 @@ def test_the_plot_is_an_svg_with_a_point_per_measurement(tmp_path):
     # img/s 3 + ideal 3, E(N) 3 + predicted 2, time to target 2 (N = 3 never reached it).
     assert len(circles) == 13
     assert "seconds to 98.5%" in path.read_text()
+
+
+def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+
+    def seed(n: int, attempt: int) -> str:
+        args = list(b.program_for(n, attempt).args)
+        return args[args.index("--seed") + 1]
+
+    assert [seed(1, k) for k in (1, 2, 3)] == ["42", "43", "44"]
+    assert seed(1, 2) == seed(b.nodes[-1], 2)
