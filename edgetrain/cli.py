@@ -53,6 +53,7 @@ EvalExamplesOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs:
 Fp16Opt = Annotated[bool, typer.Option("--fp16-allreduce", help="Jobs: send gradients as float16 (Horovod's fp16 compression).")]
 BackwardPassesOpt = Annotated[int, typer.Option(metavar="N", help="Jobs: accumulate N batches' gradients per allreduce and update; the learning rate scales with ranks x N.")]
 StepsPerExecutionOpt = Annotated[int, typer.Option(metavar="N", help="Jobs: training steps per call of the compiled step function (Keras' steps_per_execution): Python's per-step cost is paid once per N.")]
+TfThreadsOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: TensorFlow's intra-op threads per rank (default: the node's cores divided among its ranks).")]
 JobOptionOpt = Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")]
 
 
@@ -83,6 +84,7 @@ def run(
     fp16_allreduce: Fp16Opt = False,
     backward_passes_per_step: BackwardPassesOpt = 1,
     steps_per_execution: StepsPerExecutionOpt = 8,
+    tf_threads: TfThreadsOpt = None,
     option: JobOptionOpt = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
@@ -92,7 +94,7 @@ def run(
     options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
                          eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
                          backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
-                         lr_scaling=lr_scaling)
+                         lr_scaling=lr_scaling, tf_threads=tf_threads)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -160,6 +162,7 @@ def bench(
     fp16_allreduce: Fp16Opt = False,
     backward_passes_per_step: BackwardPassesOpt = 1,
     steps_per_execution: StepsPerExecutionOpt = 8,
+    tf_threads: TfThreadsOpt = None,
     option: JobOptionOpt = None,
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
@@ -168,7 +171,7 @@ def bench(
     options = JobOptions(epochs, batch_size, max_steps, 42, target_accuracy, warmup_epochs, programs.parse_options(option or []),
                          eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
                          backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
-                         lr_scaling=lr_scaling)
+                         lr_scaling=lr_scaling, tf_threads=tf_threads)
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,

@@ -31,6 +31,7 @@ class JobOptions:
     backward_passes_per_step: int = 1
     steps_per_execution: int = 8
     lr_scaling: float = 1.0
+    tf_threads: int | None = None  # TensorFlow's intra-op threads per rank (default: the node's cores per rank)
 
     def given(self) -> list[str]:
         """The options that differ from their defaults, as the user would have typed them."""
@@ -88,7 +89,7 @@ def _check_numbers(o: JobOptions) -> None:
     for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps),
                         ("--eval-every", o.eval_every), ("--eval-examples", o.eval_examples),
                         ("--backward-passes-per-step", o.backward_passes_per_step),
-                        ("--steps-per-execution", o.steps_per_execution)):
+                        ("--steps-per-execution", o.steps_per_execution), ("--tf-threads", o.tf_threads)):
         if value is not None and value < 1:
             raise UsageError(f"{name} {value} must be at least 1")
     if not o.warmup_epochs >= 0:  # also refuses nan
@@ -128,6 +129,8 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
         args += ["--lr-scaling", str(o.lr_scaling)]
     if o.max_steps:
         args += ["--max-steps", str(o.max_steps)]
+    if o.tf_threads:
+        args += ["--tf-threads", str(o.tf_threads)]
     if o.target_accuracy is not None:
         args += ["--target-accuracy", str(o.target_accuracy)]
     if o.eval_every:

@@ -51,6 +51,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fp16-allreduce", action="store_true")
     p.add_argument("--backward-passes-per-step", type=int, default=1)
     p.add_argument("--steps-per-execution", type=int, default=1)
+    p.add_argument("--tf-threads", type=int, default=None)
     p.add_argument("--options", type=json.loads, default={})
     return p.parse_args(argv)
 
@@ -68,7 +69,7 @@ def train(args: argparse.Namespace) -> dict:
     # One GPU per rank, before TensorFlow creates anything (no-op without GPUs).
     pinned = gpu.pin_gpu(tf, hvd.local_rank())
     # Ranks sharing a machine share its cores; TensorFlow would otherwise give each all of them.
-    threads = max(1, (os.cpu_count() or 1) // hvd.local_size())
+    threads = args.tf_threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(args.seed)

@@ -268,6 +268,7 @@ def test_a_non_blocking_terminal_left_by_a_killed_ssh_does_not_matter(existing_r
     (("--backward-passes-per-step", "0"), "--backward-passes-per-step 0 must be at least 1"),
     (("--backward-passes-per-step", "-2"), "--backward-passes-per-step -2 must be at least 1"),
     (("--steps-per-execution", "0"), "--steps-per-execution 0 must be at least 1"),
+    (("--tf-threads", "0"), "--tf-threads 0 must be at least 1"),
 ])
 def test_evaluation_and_tuning_counts_below_one(existing_runs, args, fragment):
     before = snapshot(existing_runs)

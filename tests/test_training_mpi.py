@@ -164,9 +164,9 @@ def test_evaluations_within_an_epoch_time_the_target(tmp_path):
             f"epoch 1 step {reached['step']} ({len(evals)} evaluations took ") in shown.stdout
 
 
-def test_fp16_allreduce_and_accumulated_batches_train(tmp_path):
+def test_fp16_allreduce_accumulated_batches_and_tf_threads_train(tmp_path):
     result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--fp16-allreduce",
-                       "--backward-passes-per-step", "2", "--lr-scaling", "0.5", "--runs-dir", str(tmp_path))
+                       "--backward-passes-per-step", "2", "--lr-scaling", "0.5", "--tf-threads", "3", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [run] = runs.all_runs(tmp_path)
     [metrics] = run.metrics()
@@ -176,6 +176,8 @@ def test_fp16_allreduce_and_accumulated_batches_train(tmp_path):
     assert metrics["lr"] == pytest.approx(0.001 * (2 * 2) ** 0.5)
     ckpt = checkpoints.latest(run.checkpoints)
     assert ckpt.manifest["options"] == {"batch_size": 64, "fp16_allreduce": True, "backward_passes_per_step": 2}
+    # Without the option each of the 2 ranks would get 1 thread (the node's cores divided among its ranks).
+    assert [("3 TF threads" in log.read_text()) for log in run.logs()] == [True, True]
     digests = final_digests(run)
     assert digests[0] == digests[1] and len(digests[0]) == 1
 
