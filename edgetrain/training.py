@@ -73,7 +73,8 @@ def train(args: argparse.Namespace) -> dict:
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(args.seed)
-    print(f"{threads} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}"
+    # TensorFlow's own reading, so the log shows what it will use, not what was asked.
+    print(f"{tf.config.threading.get_intra_op_parallelism_threads()} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}"
           + (f", {pinned}" if pinned else ""), flush=True)
 
     spec = get_job(args.job)
