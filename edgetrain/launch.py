@@ -485,28 +485,28 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         for line in proc.stdout:
             if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
                 watch.last_output = time.monotonic()
-            event = progress.parse(line)
-            if event is None:
-                output.append(line.rstrip("\n"))
-                on_output(output[-1])
-                continue
-            if event["event"] in ("step", "keras") and first_step is None:
-                first_step = time.monotonic() - launch.started
-            elif event["event"] == "epoch":
-                last = event
-            elif event["event"] == "finished":
-                finished = True
-            elif event["event"] == "failed":
-                reported.append(failures.from_event(event))
-                watch.rank_failed = watch.rank_failed or time.monotonic()
-            elif event["event"] == "start" and record_error is None:
-                try:
-                    run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
-                except EdgetrainError as exc:
-                    # This machine's disk is full: a run it cannot record is ended now, cleanly.
-                    record_error = exc
-                    rt.stop()
-            on_event(event)
+            for event in progress.parse(line):
+                if isinstance(event, str):
+                    output.append(event)
+                    on_output(event)
+                    continue
+                if event["event"] in ("step", "keras") and first_step is None:
+                    first_step = time.monotonic() - launch.started
+                elif event["event"] == "epoch":
+                    last = event
+                elif event["event"] == "finished":
+                    finished = True
+                elif event["event"] == "failed":
+                    reported.append(failures.from_event(event))
+                    watch.rank_failed = watch.rank_failed or time.monotonic()
+                elif event["event"] == "start" and record_error is None:
+                    try:
+                        run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
+                    except EdgetrainError as exc:
+                        # This machine's disk is full: a run it cannot record is ended now, cleanly.
+                        record_error = exc
+                        rt.stop()
+                on_event(event)
         code = proc.wait()
         if finished and code != 0:
             # Every rank passed the final barrier: Hydra's complaint is about how they ended.

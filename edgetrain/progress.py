@@ -24,18 +24,34 @@ class Events:
             self.stream.flush()
 
 
-def parse(line: str) -> dict | None:
-    """The event on a line of mpirun's output, or None for any other line. A Keras progress-bar
-    update (rank 0's, from a script that does not use edgetrain.callbacks) is a ``keras`` event."""
-    m = KERAS_UPDATE.match(line.rstrip())
+def parse(line: str) -> list[str | dict]:
+    """What a line of mpirun's output holds, in order: the program's own text (a str) and events
+    (dicts) - rank 0's ``@edgetrain`` events, and Keras' progress-bar updates (rank 0's, from a
+    script that does not use edgetrain.callbacks) as ``keras`` events.
+
+    Keras redraws its bar in place without ending the line (backspaces, then a carriage return,
+    which ends a line here), so an event written just after an update shares its line: events are
+    looked for anywhere on a line, and the backspaces are nobody's output."""
+    line = line.rstrip("\n")
+    if not line:
+        return [""]
+    text, prefix, rest = line.partition(EVENT_PREFIX)
+    event = None
+    if prefix:
+        try:
+            event = json.loads(rest)
+        except ValueError:
+            text = line
+    pieces: list[str | dict] = []
+    shown = text.replace("\b", "")
+    m = KERAS_UPDATE.match(shown.rstrip())
     if m:
-        return {"event": "keras", "step": int(m.group(1)), "steps": int(m.group(2)), "text": m.group(4) or ""}
-    if not line.startswith(EVENT_PREFIX):
-        return None
-    try:
-        return json.loads(line[len(EVENT_PREFIX):])
-    except ValueError:
-        return None
+        pieces.append({"event": "keras", "step": int(m.group(1)), "steps": int(m.group(2)), "text": m.group(4) or ""})
+    elif shown:
+        pieces.append(shown)
+    if event is not None:
+        pieces.append(event)
+    return pieces
 
 
 class ConsoleProgress:

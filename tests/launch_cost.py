@@ -63,8 +63,7 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
             proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert proc.stdout is not None
             for line in proc.stdout:
-                event = progress.parse(line)
-                if event and event["event"] == "step":
+                if any(isinstance(e, dict) and e["event"] == "step" for e in progress.parse(line)):
                     return time.monotonic() - start
             raise SystemExit(f"bare mpirun --np {np} ended without a training step")
         finally:
@@ -81,7 +80,7 @@ def _first_keras_step(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int]
     assert proc.stdout is not None
     first = None
     for line in proc.stdout:
-        if first is None and progress.parse(line) is not None and "/" in line.split("[")[0]:
+        if first is None and any(isinstance(e, dict) and e["event"] == "keras" for e in progress.parse(line)):
             first = time.monotonic() - start
     code = proc.wait()
     if first is None:

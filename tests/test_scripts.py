@@ -14,6 +14,7 @@ import pytest
 
 from edgetrain import requirements, runs, workdir
 from edgetrain.errors import UsageError
+from edgetrain.progress import EVENT_PREFIX
 
 from .conftest import ROOT, edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
@@ -199,3 +200,17 @@ def test_requirement_files_are_read_strictly(tmp_path):
     f.write_text("numpy<2  # pinned by TF\npackaging>=1\n")
     assert requirements.read(f) == ["numpy<2", "packaging>=1"]
     assert requirements.missing_here(["packaging>=1", "numpy>=99"]) == ["numpy>=99"]
+
+
+def test_every_epoch_line_reaches_the_console_when_the_script_leaves_its_line_unended(tmp_path):
+    """Keras redraws its bar without ending the line, and rank 0's events reach the console on the
+    same stream: an event that lands on a line the program started must still be read (the epoch
+    lines here; bench reads its figures from the same events)."""
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(SCRIPTS / "keras_progress.py"), "--np", "2", "--runs-dir", str(root), "--", "--epochs", "4")
+    assert r.returncode == 0, r.stderr
+    shown = [line.split(":")[0] for line in r.stdout.splitlines() if line.startswith("epoch ")]
+    assert shown == ["epoch 1/4", "epoch 2/4", "epoch 3/4", "epoch 4/4"], r.stdout
+    assert EVENT_PREFIX not in r.stdout, r.stdout
+    assert [json.loads(line)["epoch"] for line in (only_run(root).path / "metrics.jsonl").read_text().splitlines()
+            if '"kind"' not in line] == [1, 2, 3, 4]
