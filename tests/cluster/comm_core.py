@@ -110,10 +110,11 @@ def _stack_of_runnable(pid: int, tid: int, maps: list[tuple[int, int, str, str]]
     read (ptrace, this one thread only), then let go."""
     if platform.machine() != "x86_64" or _libc.ptrace(PTRACE_SEIZE, tid, None, None) != 0:
         return None
+    status = None
     try:
         if _libc.ptrace(PTRACE_INTERRUPT, tid, None, None) != 0:
             return None
-        os.waitpid(tid, WALL)
+        _, status = os.waitpid(tid, WALL)
         regs = (ctypes.c_ulonglong * 27)()
         if _libc.ptrace(PTRACE_GETREGS, tid, None, ctypes.byref(regs)) != 0:
             return None
@@ -121,7 +122,24 @@ def _stack_of_runnable(pid: int, tid: int, maps: list[tuple[int, int, str, str]]
     except OSError:
         return None
     finally:
-        _libc.ptrace(PTRACE_DETACH, tid, None, None)
+        _let_go(tid, status)
+
+
+def _let_go(tid: int, status: int | None) -> None:
+    """Detach from the thread, handing back a signal it stopped for. A thread that is in no stop
+    cannot be detached: either its process is ending (the kill took it out of the stop) or it has
+    not yet taken the interrupt. It is waited for first - else, dead, it stays a zombie this
+    tracer must reap, and its process never ends (its mpirun waits for it) while the mover runs."""
+    while True:
+        delivered = os.WSTOPSIG(status) if status is not None and os.WIFSTOPPED(status) and status >> 16 == 0 else 0
+        if _libc.ptrace(PTRACE_DETACH, tid, None, delivered) == 0:
+            return
+        try:
+            _, status = os.waitpid(tid, WALL)
+        except ChildProcessError:
+            return  # reaped, by an earlier wait
+        if not os.WIFSTOPPED(status):
+            return  # it ended, and that wait reaped it
 
 
 def shows_comm_frames(pid: int, tid: int, maps: list[tuple[int, int, str, str]]) -> bool | None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -26,6 +29,26 @@ class CpuGroup:
     def move(self, pid: int) -> None:
         for c in CONTROLLERS:
             (self.path(c) / "cgroup.procs").write_text(f"{pid}\n")
+
+    def command(self, cmd: list[str]) -> list[str]:
+        """The command, started inside the group (the shell moves itself in, then execs it)."""
+        move = " && ".join(f"echo $$ > {self.path(c)}/cgroup.procs" for c in CONTROLLERS)
+        return ["sh", "-c", f'{move} && exec "$@"', "sh", *cmd]
+
+    def pids(self) -> set[int]:
+        """The processes in the group and the groups below it (a Docker engine's containers)."""
+        pids: set[int] = set()
+        for procs in self.path().rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):  # a container's group, removed meanwhile
+                pids |= {int(p) for p in procs.read_text().split()}
+        return pids
+
+    def kill(self) -> None:
+        """End every process in the group - whoever made the group started them. A process group
+        does not reach them all: Hydra starts each proxy and rank in a session of its own."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def move_thread(self, tid: int) -> None:
         """One thread, leaving the rest of its process where it is (cgroup v1 allows it)."""

@@ -26,11 +26,7 @@ from .testbed import DEFAULT_ROOT
 
 
 def _in_group(group: CpuGroup | None, cmd: list[str]) -> list[str]:
-    """The command, started inside the group (the shell moves itself in, then execs it)."""
-    if group is None:
-        return cmd
-    move = " && ".join(f"echo $$ > {group.path(c)}/cgroup.procs" for c in ("cpu", "cpuacct"))
-    return ["sh", "-c", f'{move} && exec "$@"', "sh", *cmd]
+    return cmd if group is None else group.command(cmd)
 
 
 def seed(group: CpuGroup | None, steps: int, epochs: int) -> float:

@@ -75,11 +75,7 @@ class StandIns:
     def scan(self) -> None:
         for g in self.groups:
             mine = self.procs[g.name].pid
-            pids = set()
-            for procs in g.path().rglob("cgroup.procs"):
-                with contextlib.suppress(OSError):
-                    pids |= {int(p) for p in procs.read_text().split()}
-            busy = any(_trains(p) for p in pids - {mine})
+            busy = any(_trains(p) for p in g.pids() - {mine})
             if busy and g.name not in self.paused:
                 os.kill(mine, signal.SIGSTOP)
                 self.paused.add(g.name)

@@ -7,20 +7,28 @@ loop and Gloo's event loops) - every one of them, and none of TensorFlow's, nor 
 thread. With MPI carrying the collectives, Horovod's background loop polls without end, in a
 throttled group, so it is never blocked where its stack pointer can be read: it must move still,
 and it alone of each rank's threads (UCX's own threads, also made during ``hvd.init()``, stay).
+A process that ends while the mover has one of its threads stopped for a read must still end,
+and a signal that comes while the thread is stopped must still reach it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import platform
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from . import comm_core
 from .comm_core import comm_group, comm_cores, moving
 from .cpugroup import CpuGroup
 
@@ -61,30 +69,27 @@ def moved_threads(tmp_path: Path, controller: str) -> tuple[list[dict], set[int]
                HOROVOD_CYCLE_TIME="5" if controller == "gloo" else "0", UCX_TLS="tcp,self", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     if controller == "mpi":
         group.limit(20_000, 100_000)  # a fifth of a core: the polling threads wait runnable, as on a throttled node
-    enter = " && ".join(f"echo $$ > {group.path(c)}/cgroup.procs" for c in ("cpu", "cpuacct"))
-    proc = None
-    try:
-        with moving([group]):
-            proc = subprocess.Popen(["sh", "-c", f'{enter} && exec "$@"', "sh", "mpirun", "-n", "2", sys.executable, str(script), str(stop)],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-            ranks = [json.loads(proc.stdout.readline()) for _ in range(2)]
-            expected = {tid for r in ranks for tid in r["made"]} if controller == "gloo" else None
-            tasks = comm_group(group).path() / "tasks"
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                now = {int(t) for t in tasks.read_text().split()}
-                if now == expected or (expected is None and len(now) >= 2):
-                    break
-                time.sleep(0.5)
-            time.sleep(3)  # a few more scans: nothing else may follow
-            moved = {int(t) for t in tasks.read_text().split()}
-            stop.touch()
-            assert proc.wait(timeout=120) == 0
-    finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        group.remove()
+    with contextlib.ExitStack() as stack:
+        stack.callback(group.remove)
+        stack.enter_context(moving([group]))
+        proc = subprocess.Popen(group.command(["mpirun", "-n", "2", sys.executable, str(script), str(stop)]),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        # Whatever is left ends before the mover stops and the groups go: a rank's thread keeps them busy.
+        stack.callback(proc.wait)
+        stack.callback(group.kill)
+        ranks = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        expected = {tid for r in ranks for tid in r["made"]} if controller == "gloo" else None
+        tasks = comm_group(group).path() / "tasks"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = {int(t) for t in tasks.read_text().split()}
+            if now == expected or (expected is None and len(now) >= 2):
+                break
+            time.sleep(0.5)
+        time.sleep(3)  # a few more scans: nothing else may follow
+        moved = {int(t) for t in tasks.read_text().split()}
+        stop.touch()
+        assert proc.wait(timeout=120) == 0
     return ranks, moved
 
 
@@ -104,6 +109,106 @@ def test_the_mover_takes_mpis_polling_loop_though_it_never_blocks(tmp_path):
     for r in ranks:
         assert len(moved & set(r["made"])) == 1, f"rank {r['rank']}: moved {sorted(moved)}, hvd.init() made {r['made']}"
     assert moved <= {tid for r in ranks for tid in r["made"]}, moved
+
+
+SPIN = """
+import os, threading, time
+def spin():
+    print(threading.get_native_id(), flush=True)
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ptrace of another process needs root")
+def test_a_process_that_ends_while_a_thread_of_it_is_read_ends(monkeypatch):
+    child = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    done = threading.Event()
+    reader = None
+    try:
+        tid = int(child.stdout.readline())
+        read_stack = comm_core._stack
+
+        def ending_while_read(pid: int, sp: int, maps: list) -> bytes | None:
+            child.kill()  # as the ranks' os._exit at the end of a run kills their threads
+            time.sleep(0.2)
+            return read_stack(pid, sp, maps)
+
+        monkeypatch.setattr(comm_core, "_stack", ending_while_read)
+
+        def read() -> None:
+            comm_core._stack_of_runnable(child.pid, tid, comm_core._maps(child.pid))
+            done.wait()  # a tracer that ends lets its tracees go: stay, as the mover does between scans
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert child.wait(timeout=10) == -9
+    finally:
+        done.set()
+        if reader is not None:
+            reader.join()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+COUNTING = """
+import os, signal, sys, threading
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.signal(signal.SIGRTMIN, lambda *a: None)
+signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # one byte a signal, as the C handler gets it
+def spin():
+    print(threading.get_native_id(), flush=True)
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+sys.stdin.readline()
+got = 0
+try:
+    while True:
+        got += len(os.read(r, 4096))
+except BlockingIOError:
+    print(got, flush=True)
+"""
+SYS_TGKILL = 234  # x86_64
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or platform.machine() != "x86_64", reason="ptrace of another process needs root; x86_64's registers")
+def test_signals_that_come_while_a_thread_is_read_all_reach_it():
+    child = subprocess.Popen([sys.executable, "-c", COUNTING], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stop = threading.Event()
+    reads = []
+
+    def read() -> None:
+        maps = comm_core._maps(child.pid)
+        while not stop.is_set():
+            reads.append(comm_core._stack_of_runnable(child.pid, tid, maps))
+
+    try:
+        tid = int(child.stdout.readline())
+        reader = threading.Thread(target=read)
+        reader.start()
+        libc, sent = ctypes.CDLL(None, use_errno=True), 2000  # real-time signals queue: none merge
+        try:
+            for i in range(sent):
+                assert libc.syscall(SYS_TGKILL, child.pid, tid, int(signal.SIGRTMIN)) == 0, ctypes.get_errno()
+                if i % 50 == 0:
+                    time.sleep(0.01)
+        finally:
+            stop.set()
+            reader.join()
+        time.sleep(0.5)  # the last ones handled
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert int(child.stdout.readline()) == sent
+        assert sum(r is not None for r in reads) > 100, "the thread was hardly ever read"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_pi_core_is_a_fraction_of_a_core_by_the_published_copy_rate():
