@@ -111,20 +111,32 @@ def test_the_mover_takes_mpis_polling_loop_though_it_never_blocks(tmp_path):
     assert moved <= {tid for r in ranks for tid in r["made"]}, moved
 
 
-SPIN = """
-import os, threading, time
+# What both tests read: a thread that never blocks, in a process that counts the signals it got.
+CHILD = """
+import os, signal, sys, threading
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.signal(signal.SIGRTMIN, lambda *a: None)
+signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # one byte a signal, as the C handler gets it
 def spin():
     print(threading.get_native_id(), flush=True)
     while True:
         pass
 threading.Thread(target=spin, daemon=True).start()
-time.sleep(600)
+sys.stdin.readline()
+got = 0
+try:
+    while True:
+        got += len(os.read(r, 4096))
+except BlockingIOError:
+    print(got, flush=True)
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="ptrace of another process needs root")
 def test_a_process_that_ends_while_a_thread_of_it_is_read_ends(monkeypatch):
-    child = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     done = threading.Event()
     reader = None
     try:
@@ -154,32 +166,12 @@ def test_a_process_that_ends_while_a_thread_of_it_is_read_ends(monkeypatch):
             child.wait()
 
 
-COUNTING = """
-import os, signal, sys, threading
-r, w = os.pipe()
-os.set_blocking(r, False)
-os.set_blocking(w, False)
-signal.signal(signal.SIGRTMIN, lambda *a: None)
-signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # one byte a signal, as the C handler gets it
-def spin():
-    print(threading.get_native_id(), flush=True)
-    while True:
-        pass
-threading.Thread(target=spin, daemon=True).start()
-sys.stdin.readline()
-got = 0
-try:
-    while True:
-        got += len(os.read(r, 4096))
-except BlockingIOError:
-    print(got, flush=True)
-"""
 SYS_TGKILL = 234  # x86_64
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or platform.machine() != "x86_64", reason="ptrace of another process needs root; x86_64's registers")
 def test_signals_that_come_while_a_thread_is_read_all_reach_it():
-    child = subprocess.Popen([sys.executable, "-c", COUNTING], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     stop = threading.Event()
     reads = []
 
