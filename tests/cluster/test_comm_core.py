@@ -44,14 +44,16 @@ before = set(os.listdir("/proc/self/task"))
 hvd.init()
 made = sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before)
 x = tf.random.normal([128, 128])
-stop = sys.argv[1]
-print(json.dumps({"rank": hvd.rank(), "pid": os.getpid(), "made": made}), flush=True)
+report, stop = sys.argv[1:]
+# A file each, not stdout: Hydra may forward two ranks' lines to mpirun's stdout interleaved.
+with open(f"{report}.tmp{hvd.rank()}", "w") as f:
+    json.dump({"rank": hvd.rank(), "pid": os.getpid(), "made": made}, f)
+os.replace(f"{report}.tmp{hvd.rank()}", f"{report}{hvd.rank()}.json")
 while not os.path.exists(stop):  # TensorFlow computes, Horovod communicates, until told to stop
     tf.matmul(x, x)
     hvd.allreduce(tf.ones([50_000]), name="grad")
     time.sleep(0.05)
 hvd.allreduce(tf.constant(0.0), name="barrier")
-sys.stdout.flush()
 # MPI_Finalize can hang with MPICH 4.0.2 ch4:ucx: end as edgetrain.worker does, telling Hydra the
 # end is meant (else it may take this rank for dead and end the other with status 1).
 pmi.finalize()
@@ -61,7 +63,7 @@ os._exit(0)
 
 def moved_threads(tmp_path: Path, controller: str) -> tuple[list[dict], set[int]]:
     """Each rank's report, and the threads the mover put in the comm group."""
-    script, stop = tmp_path / "rank.py", tmp_path / "stop"
+    script, report, stop = tmp_path / "rank.py", tmp_path / "rank", tmp_path / "stop"
     script.write_text(RANK)
     group = CpuGroup(f"edgetrain-test-{secrets.token_hex(3)}")
     group.create()
@@ -72,12 +74,18 @@ def moved_threads(tmp_path: Path, controller: str) -> tuple[list[dict], set[int]
     with contextlib.ExitStack() as stack:
         stack.callback(group.remove)
         stack.enter_context(moving([group]))
-        proc = subprocess.Popen(group.command(["mpirun", "-n", "2", sys.executable, str(script), str(stop)]),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        proc = subprocess.Popen(group.command(["mpirun", "-n", "2", sys.executable, str(script), str(report), str(stop)]),
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         # Whatever is left ends before the mover stops and the groups go: a rank's thread keeps them busy.
         stack.callback(proc.wait)
         stack.callback(group.kill)
-        ranks = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        reports = [tmp_path / f"rank{r}.json" for r in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in reports):
+            assert proc.poll() is None, f"mpirun ended with {proc.returncode} before both ranks reported"
+            assert time.monotonic() < deadline, "the ranks did not report within 120 s"
+            time.sleep(0.2)
+        ranks = [json.loads(p.read_text()) for p in reports]
         expected = {tid for r in ranks for tid in r["made"]} if controller == "gloo" else None
         tasks = comm_group(group).path() / "tasks"
         deadline = time.monotonic() + 30
