@@ -3,8 +3,8 @@
 ``mpirun ... python -m edgetrain.worker --module edgetrain.training -- --job lenet ...``: the
 worker around it handles the rank's log, its end and its failure record, as for any user script.
 
-The contract: the learning rate is scaled by the number of ranks (times the batches each update
-accumulates) and warmed up; rank 0's initial state is broadcast; each rank reads only its own
+The contract: the learning rate is scaled by the images each update averages (ranks, accumulated
+batches, batch size against the job's; edgetrain.learning_rate) and warmed up; rank 0's initial state is broadcast; each rank reads only its own
 shard; steps per epoch shrink with the number of ranks; metrics are averaged over ranks; rank 0
 alone writes checkpoints (atomically, with a manifest) and metrics, through the public callbacks
 API (``edgetrain.callbacks``).
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from . import callbacks as et  # noqa: E402
-from . import datasets, gpu  # noqa: E402
+from . import datasets, gpu, learning_rate  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
 
 EVAL_BATCH = 512
@@ -107,11 +107,9 @@ def train(args: argparse.Namespace) -> dict:
         var = hvd_tf.allreduce(np.var(train_split.x, dtype=np.float64), name="var").numpy()
         net = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Normalization(mean=mean, variance=var), net])
 
-    # Scaled by the images an update averages over (ranks times accumulated batches), linearly by
-    # default: for LeNet's Adam the square root, the rule often given for Adam, needed as many or
-    # more images to reach its target accuracy (docs/scaling.md).
-    scale = size * args.backward_passes_per_step
-    peak = scale ** args.lr_scaling
+    # Linearly by default: for LeNet's Adam the square root, the rule often given for Adam, needed
+    # as many or more images to reach its target accuracy (docs/scaling.md).
+    peak = learning_rate.scale(size, args.backward_passes_per_step, args.batch_size, spec.batch_size, args.lr_scaling)
     lr = job.BASE_LR * peak
     # Accumulated gradients are averaged, not summed, so that the rate above is the one they meet.
     opt = hvd.DistributedOptimizer(
@@ -153,10 +151,9 @@ def train(args: argparse.Namespace) -> dict:
     schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
 
     def lr_multiplier(epoch: float) -> float:
-        """Linear warmup from the single-rank rate to the scaled one, then the job's schedule.
-        ``epoch`` is fractional, so both act within an epoch, which short runs need."""
-        warm = 1.0 if epoch >= args.warmup_epochs else (1 + epoch * (peak - 1) / args.warmup_epochs) / peak
-        return warm * schedule(epoch, args.epochs)
+        """The warmup, then the job's schedule. ``epoch`` is fractional, so both act within an
+        epoch, which short runs need."""
+        return learning_rate.warmup(epoch, peak, args.warmup_epochs) * schedule(epoch, args.epochs)
 
     average_non_trainable = AverageNonTrainable()
     callbacks = [

@@ -164,18 +164,18 @@ def test_evaluations_within_an_epoch_time_the_target(tmp_path):
             f"epoch 1 step {reached['step']} ({len(evals)} evaluations took ") in shown.stdout
 
 
-def test_fp16_allreduce_accumulated_batches_and_tf_threads_train(tmp_path):
-    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--fp16-allreduce",
+def test_fp16_allreduce_accumulated_batches_batch_size_and_tf_threads_train(tmp_path):
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--batch-size", "96", "--fp16-allreduce",
                        "--backward-passes-per-step", "2", "--lr-scaling", "0.5", "--tf-threads", "3", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [run] = runs.all_runs(tmp_path)
     [metrics] = run.metrics()
     assert metrics["val_accuracy"] > 0.6  # chance is 0.1
-    # After warmup the rate counts every image an update averages, ranks x accumulated batches,
-    # here to the power 0.5.
-    assert metrics["lr"] == pytest.approx(0.001 * (2 * 2) ** 0.5)
+    # After warmup the rate counts every image an update averages, ranks x accumulated batches x
+    # batch size in LeNet's batches of 64, here to the power 0.5.
+    assert metrics["lr"] == pytest.approx(0.001 * (2 * 2 * 96 / 64) ** 0.5)
     ckpt = checkpoints.latest(run.checkpoints)
-    assert ckpt.manifest["options"] == {"batch_size": 64, "fp16_allreduce": True, "backward_passes_per_step": 2}
+    assert ckpt.manifest["options"] == {"batch_size": 96, "fp16_allreduce": True, "backward_passes_per_step": 2}
     # Without the option each of the 2 ranks would get 1 thread (the node's cores divided among its ranks).
     assert [("3 TF threads" in log.read_text()) for log in run.logs()] == [True, True]
     digests = final_digests(run)

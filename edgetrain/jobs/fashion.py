@@ -11,7 +11,7 @@ import tensorflow as tf
 
 layers = tf.keras.layers
 
-BASE_LR = 0.05  # per rank, for SGD with momentum; scaled by the number of ranks
+BASE_LR = 0.05  # one rank at batch 32, for SGD with momentum; scaled by the images an update averages
 NORMALIZE = True  # featurewise mean/std over the training set
 
 

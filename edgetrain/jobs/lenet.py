@@ -4,7 +4,7 @@ import tensorflow as tf
 
 layers = tf.keras.layers
 
-BASE_LR = 0.001  # per rank; the recipe scales it by the number of ranks
+BASE_LR = 0.001  # one rank at batch 64; the recipe scales it by the images an update averages
 
 
 def model(options: dict) -> tf.keras.Model:

@@ -1,0 +1,23 @@
+"""The built-in jobs' learning-rate rule: how the job's base rate grows with the images an update
+averages, and the warmup that reaches it.
+
+A job's ``BASE_LR`` is tuned for one rank at the job's own batch size. An update averages the
+gradients of ``ranks x accumulated batches x batch`` images; the rate is scaled by how many times
+the job's batch that is, to the power ``--lr-scaling`` (1: linear, the rule of Goyal et al.).
+"""
+
+from __future__ import annotations
+
+
+def scale(ranks: int, accumulated: int, batch: int, job_batch: int, power: float = 1.0) -> float:
+    """The factor on the job's base rate once warmed up."""
+    return (ranks * accumulated * batch / job_batch) ** power
+
+
+def warmup(epoch: float, peak: float, epochs: float) -> float:
+    """The share of the scaled rate at ``epoch`` (fractional): a linear rise from the base rate to
+    the scaled one over ``epochs``. A rate scaled down (a batch smaller than the job's) needs no
+    warmup and has none."""
+    if epoch >= epochs or peak <= 1:
+        return 1.0
+    return (1 + epoch * (peak - 1) / epochs) / peak
