@@ -485,11 +485,12 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         for line in proc.stdout:
             if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
                 watch.last_output = time.monotonic()
-            for event in progress.parse(line):
-                if isinstance(event, str):
-                    output.append(event)
-                    on_output(event)
+            for piece in progress.parse(line):
+                if isinstance(piece, str):
+                    output.append(piece)
+                    on_output(piece)
                     continue
+                event = piece
                 if event["event"] in ("step", "keras") and first_step is None:
                     first_step = time.monotonic() - launch.started
                 elif event["event"] == "epoch":
