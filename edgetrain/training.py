@@ -4,10 +4,10 @@
 worker around it handles the rank's log, its end and its failure record, as for any user script.
 
 The contract: the learning rate is scaled by the images each update averages (ranks, accumulated
-batches, batch size against the job's; edgetrain.learning_rate) and warmed up; rank 0's initial state is broadcast; each rank reads only its own
-shard; steps per epoch shrink with the number of ranks; metrics are averaged over ranks; rank 0
-alone writes checkpoints (atomically, with a manifest) and metrics, through the public callbacks
-API (``edgetrain.callbacks``).
+batches, batch size against the job's; edgetrain.learning_rate) and warmed up; rank 0's initial
+state is broadcast; each rank reads only its own shard; steps per epoch shrink with the number of
+ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
+manifest) and metrics, through the public callbacks API (``edgetrain.callbacks``).
 """
 
 from __future__ import annotations
