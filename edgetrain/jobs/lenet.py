@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from ..optimizers import FusedAdam
+
 layers = tf.keras.layers
 
 BASE_LR = 0.001  # one rank at batch 64; the recipe scales it by the images an update averages
@@ -23,5 +25,6 @@ def model(options: dict) -> tf.keras.Model:
 
 
 def optimizer(lr: float) -> tf.keras.optimizers.Optimizer:
-    return tf.keras.optimizers.Adam(lr)
+    # Keras' Adam in one kernel: the same updates, about 7% less CPU a step on one core (docs/scaling.md).
+    return FusedAdam(lr)
 
