@@ -24,6 +24,7 @@ users get.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -155,6 +156,13 @@ def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
     return Prediction(low, high, update / (update + late))
 
 
+def evaluation_interval(steps: int, steps_per_execution: int, per_epoch: int = 4) -> int:
+    """The ``--eval-every`` that evaluates an epoch of ``steps`` steps ``per_epoch`` times, the last
+    being the epoch's own validation: a multiple of the steps per execution (evaluations fall between
+    executions), rounded up so that none lands just before the epoch's end."""
+    return math.ceil(steps / per_epoch / steps_per_execution) * steps_per_execution
+
+
 def _median(values: list[float | None]) -> float | None:
     found = [v for v in values if v is not None]
     return statistics.median(found) if found else None
@@ -258,10 +266,8 @@ class Bench:
             return self.program
         o = self.req.options
         steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
-        # A multiple of the steps per execution, which evaluations can only fall between.
-        quarter = max(o.steps_per_execution, steps // 4 // o.steps_per_execution * o.steps_per_execution)
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
-                                                              eval_every=o.eval_every or quarter))
+                                                              eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
     def train(self, n: int, attempt: int) -> Trial:
         run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")

@@ -193,10 +193,11 @@ class Progress(tf.keras.callbacks.Callback):
 
 
 class Evaluations(tf.keras.callbacks.Callback):
-    """Evaluates the model on ``data`` (each rank its own shard) every ``every`` training steps,
-    counted from the first epoch, and hands the rank-averaged accuracy and loss to ``progress``,
-    which records them and stops at the target. The last step of an epoch is left to the epoch's
-    own validation (``fit(validation_data=...)``), which follows it at once.
+    """Evaluates the model on ``data`` (each rank its own shard) every ``every`` training steps of
+    each epoch, and hands the rank-averaged accuracy and loss to ``progress``, which records them
+    and stops at the target. The count starts again with each epoch, whose last step is left to its
+    own validation (``fit(validation_data=...)``): counted across epochs, a multiple falling a few
+    steps before an epoch's end was evaluated twice, there and at the end.
 
     For classifiers with integer labels and a probability output, as the built-in jobs are.
     ``before`` runs ahead of each evaluation on every rank (the jobs average BatchNorm's statistics)."""
@@ -204,7 +205,7 @@ class Evaluations(tf.keras.callbacks.Callback):
     def __init__(self, progress: Progress, data: tf.data.Dataset, every: int, before=None) -> None:
         super().__init__()
         self.progress, self.data, self.every, self.before = progress, data, every, before
-        self.done: int | None = None  # steps done when last called (a resumed run starts mid-count)
+        self.done = 0  # steps of this epoch when last called
 
     def set_model(self, model):
         super().set_model(model)
@@ -220,13 +221,15 @@ class Evaluations(tf.keras.callbacks.Callback):
 
         self.batch_sums = batch_sums
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.done = 0
+
     def on_train_batch_end(self, batch, logs=None):
-        done = self.progress.epoch * self.progress.steps + batch + 1
+        done = batch + 1
         # With steps_per_execution > 1 Keras reports every few steps: evaluate on passing a multiple.
-        before = self.progress.epoch * self.progress.steps if self.done is None else self.done
-        passed = done // self.every > before // self.every
+        passed = done // self.every > self.done // self.every
         self.done = done
-        if not passed or batch + 1 == self.progress.steps:
+        if not passed or done == self.progress.steps:
             return
         start = time.time()
         if self.before is not None:

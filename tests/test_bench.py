@@ -154,3 +154,17 @@ def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
 
     assert [seed(1, k) for k in (1, 2, 3)] == ["42", "43", "44"]
     assert seed(1, 2) == seed(b.nodes[-1], 2)
+
+
+def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_just_before_its_end(tmp_path):
+    # LeNet's epochs at 1-4 nodes of batch 64, and one shorter than four executions.
+    for steps in (937, 468, 312, 234, 20):
+        every = bench.evaluation_interval(steps, 8)
+        within = [k * every for k in range(1, steps // every + 1) if k * every < steps]
+        # Rounded up: the last lands at most three executions closer to the end than a quarter.
+        assert every % 8 == 0 and len(within) <= 3 and steps - within[-1] >= steps / 4 - 3 * 8, (steps, every)
+    assert [bench.evaluation_interval(s, 8) for s in (937, 312)] == [240, 80]  # not 232 (928, 9 steps before the end) or 72 (288)
+
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+    args = list(b.program_for(1).args)
+    assert args[args.index("--eval-every") + 1] == "240"
