@@ -46,6 +46,7 @@ DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look her
 EpochsOpt = Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")]
 BatchOpt = Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32); the learning rate scales with it.")]
 MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")]
+SeedOpt = Annotated[int, typer.Option(help="Jobs: random seed (bench: of its first try; try k uses SEED + k - 1).")]
 WarmupOpt = Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")]
 LrScalingOpt = Annotated[float, typer.Option(metavar="POWER", help="Jobs: the learning rate grows with the images an update averages (ranks x accumulated batches x batch size / the job's) to this power: 1 linear, 0.5 square root, 0 not at all.")]
 EvalEveryOpt = Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: also evaluate every this many training steps, not only after each epoch (time to --target-accuracy in steps, not epochs).")]
@@ -75,7 +76,7 @@ def run(
     epochs: EpochsOpt = None,
     batch_size: BatchOpt = None,
     max_steps: MaxStepsOpt = None,
-    seed: Annotated[int, typer.Option(help="Jobs: random seed.")] = 42,
+    seed: SeedOpt = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
     warmup_epochs: WarmupOpt = 0.25,
     lr_scaling: LrScalingOpt = 1.0,
@@ -155,6 +156,7 @@ def bench(
     epochs: EpochsOpt = None,
     batch_size: BatchOpt = None,
     max_steps: MaxStepsOpt = None,
+    seed: SeedOpt = 42,
     warmup_epochs: WarmupOpt = 0.25,
     lr_scaling: LrScalingOpt = 1.0,
     eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: evaluate every this many steps (default: four times an epoch).")] = None,
@@ -168,7 +170,7 @@ def bench(
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
-    options = JobOptions(epochs, batch_size, max_steps, 42, target_accuracy, warmup_epochs, programs.parse_options(option or []),
+    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
                          eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
                          backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
                          lr_scaling=lr_scaling, tf_threads=tf_threads)

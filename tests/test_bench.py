@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from edgetrain import bench, runs
+from edgetrain.program import JobOptions
 
 from .conftest import edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
@@ -154,6 +155,14 @@ def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
 
     assert [seed(1, k) for k in (1, 2, 3)] == ["42", "43", "44"]
     assert seed(1, 2) == seed(b.nodes[-1], 2)
+    b = bench.Bench(bench.BenchRequest("lenet", options=JobOptions(seed=7), runs_dir=tmp_path / "runs"))
+    assert [seed(1, k) for k in (1, 2)] == ["7", "8"]
+
+
+def test_the_cli_takes_the_first_tries_seed(tmp_path):
+    # Parsed before anything runs: the error is the repeat's, not an unknown --seed.
+    assert_one_line_error(edgetrain("bench", "lenet", "--seed", "7", "--repeat", "0", "--runs-dir", str(tmp_path)),
+                          "--repeat 0 must be at least 1", code=2)
 
 
 def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_just_before_its_end(tmp_path):
