@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from . import callbacks as et  # noqa: E402
-from . import datasets, gpu, learning_rate  # noqa: E402
+from . import datasets, gpu, learning_rate, tracing  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
 
 EVAL_BATCH = 512
@@ -118,6 +118,7 @@ def train(args: argparse.Namespace) -> dict:
         backward_passes_per_step=args.backward_passes_per_step,
         average_aggregated_gradients=True,
     )
+    tracing.allreduce_without_autograph(opt)
     # Several steps per call of the compiled function: Python's cost per step (Keras' loop, callbacks)
     # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling.md).
     # Keras reports (and evaluations can happen) only between executions: they must divide --eval-every.
@@ -125,6 +126,7 @@ def train(args: argparse.Namespace) -> dict:
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                 steps_per_execution=per_call)
     opt.build(net.trainable_variables)
+    tracing.build_metrics(net, train_split.x, train_split.y)
     state = tf.train.Checkpoint(model=net, optimizer=opt)
 
     initial_epoch = et.restore(state)

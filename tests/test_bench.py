@@ -165,6 +165,23 @@ def test_the_cli_takes_the_first_tries_seed(tmp_path):
                           "--repeat 0 must be at least 1", code=2)
 
 
+def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its_results(tmp_path):
+    # The embedded default: one node, so no allreduce to measure; two tiny tries.
+    root = tmp_path / "runs"
+    r = edgetrain("bench", "lenet", "--nodes", "1", "--repeat", "2", "--seed", "7", "--epochs", "1", "--max-steps", "16",
+                  "--eval-every", "8", "--runs-dir", str(root), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tries = [run for run in runs.all_runs(root) if run.info().get("job") == "lenet"]
+    args = [run.info()["program"]["args"] for run in tries]
+    assert sorted(a[a.index("--seed") + 1] for a in args) == ["7", "8"]
+    assert all(run.status() == "completed" for run in tries)
+    [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]
+    result = json.loads((bench_dir / "bench.json").read_text())
+    [point] = result["points"]
+    assert point["nodes"] == 1 and point["images_per_sec"] > 0
+    assert (bench_dir / "bench.svg").stat().st_size > 0
+
+
 def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_just_before_its_end(tmp_path):
     # LeNet's epochs at 1-4 nodes of batch 64, and one shorter than four executions.
     for steps in (937, 468, 312, 234, 20):
