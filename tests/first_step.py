@@ -1,8 +1,9 @@
 """The LeNet job's first execution traced as edgetrain traces it, then as Keras and Horovod would:
 ``python -m tests.first_step`` prints one JSON line per way (Horovod at size 1, one process).
 
-For each: how often Keras traced its train step, which modules AutoGraph converted, and the
-weights after 16 steps from the same seed (the ops must be the same either way).
+For each: how often Keras traced its train step, which modules AutoGraph converted, and the output
+layer's bias after 16 steps from the same seed, which every weight's update reaches (the ops must
+be the same either way).
 """
 
 from __future__ import annotations
