@@ -1,5 +1,5 @@
 """The built-in jobs' learning-rate rule: how the job's base rate grows with the images an update
-averages, and the warmup that reaches it.
+averages, the warmup that reaches it, and the annealing a job's schedule can use after it.
 
 A job's ``BASE_LR`` is tuned for one rank at the job's own batch size. An update averages the
 gradients of ``ranks x accumulated batches x batch`` images; the rate is scaled by how many times
@@ -7,6 +7,8 @@ the job's batch that is, to the power ``--lr-scaling`` (1: linear, the rule of G
 """
 
 from __future__ import annotations
+
+import math
 
 
 def scale(ranks: int, accumulated: int, batch: int, job_batch: int, power: float = 1.0) -> float:
@@ -21,3 +23,12 @@ def warmup(epoch: float, peak: float, epochs: float) -> float:
     if epoch >= epochs or peak <= 1:
         return 1.0
     return (1 + epoch * (peak - 1) / epochs) / peak
+
+
+def anneal(epoch: float, start: float, end: float, floor: float) -> float:
+    """A job's schedule after the warmup: the full rate until ``start``, a half cosine down to
+    ``floor`` of it at ``end``, then ``floor``."""
+    if epoch <= start:
+        return 1.0
+    done = min(1.0, (epoch - start) / (end - start))
+    return floor + (1 - floor) * (1 + math.cos(math.pi * done)) / 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain.learning_rate import scale, warmup
+from edgetrain.learning_rate import anneal, scale, warmup
 
 
 @pytest.mark.parametrize(("ranks", "accumulated", "batch", "power", "expected"), [
@@ -30,3 +30,13 @@ def test_warmup_rises_linearly_from_the_base_rate_to_the_scaled_one():
 def test_a_rate_scaled_down_or_no_warmup_starts_at_the_scaled_rate():
     assert warmup(0.0, 0.5, 0.25) == 1.0  # a batch under the job's: no rise above its own rate
     assert warmup(0.0, 4.0, 0.0) == 1.0
+
+
+def test_anneal_holds_the_rate_then_falls_along_a_half_cosine_to_its_floor():
+    assert anneal(0.0, 0.25, 1.0, 0.1) == 1.0
+    assert anneal(0.25, 0.25, 1.0, 0.1) == 1.0
+    assert anneal(0.625, 0.25, 1.0, 0.1) == pytest.approx(0.55)  # halfway: the mean of 1 and the floor
+    assert anneal(1.0, 0.25, 1.0, 0.1) == pytest.approx(0.1)
+    assert anneal(5.0, 0.25, 1.0, 0.1) == pytest.approx(0.1)
+    rates = [anneal(e / 100, 0.25, 1.0, 0.1) for e in range(25, 101)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))

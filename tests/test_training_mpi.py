@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain import checkpoints, runs
+from edgetrain.learning_rate import anneal
 
 from .conftest import ROOT, edgetrain
 
@@ -50,8 +51,9 @@ def test_loss_falls_and_progress_is_reported(trained):
     assert metrics[1]["loss"] < metrics[0]["loss"]
     assert metrics[1]["val_accuracy"] > 0.6
     assert all(m["images_per_sec"] > 0 and m["ranks"] == 2 for m in metrics)
-    # Past the warmup the rate is scaled linearly by the ranks (--lr-scaling 1).
-    assert metrics[1]["lr"] == pytest.approx(0.001 * 2)
+    # The rate is scaled linearly by the ranks (--lr-scaling 1), and LeNet's schedule has annealed
+    # it to a tenth by the end of the first epoch.
+    assert metrics[1]["lr"] == pytest.approx(0.001 * 2 * 0.1)
     assert "epoch 2/2: loss" in result.stdout and f"run {run.id} completed" in result.stdout
     # rank 0 wrote TensorBoard's event files (`tensorboard --logdir runs/`), the other rank none
     assert list((run.path / "tensorboard").rglob("events.out.tfevents.*"))
@@ -172,8 +174,9 @@ def test_fp16_allreduce_accumulated_batches_batch_size_and_tf_threads_train(tmp_
     [metrics] = run.metrics()
     assert metrics["val_accuracy"] > 0.6  # chance is 0.1
     # After warmup the rate counts every image an update averages, ranks x accumulated batches x
-    # batch size in LeNet's batches of 64, here to the power 0.5.
-    assert metrics["lr"] == pytest.approx(0.001 * (2 * 2 * 96 / 64) ** 0.5)
+    # batch size in LeNet's batches of 64, here to the power 0.5; then LeNet's schedule, as it stood
+    # when the last execution of 8 steps began, at step 40 of 48.
+    assert metrics["lr"] == pytest.approx(0.001 * (2 * 2 * 96 / 64) ** 0.5 * anneal(40 / 48, 0.25, 1.0, 0.1))
     ckpt = checkpoints.latest(run.checkpoints)
     assert ckpt.manifest["options"] == {"batch_size": 96, "fp16_allreduce": True, "backward_passes_per_step": 2}
     # Without the option each of the 2 ranks would get 1 thread (the node's cores divided among its ranks).
