@@ -25,6 +25,7 @@ from . import doctor as doctoring
 from . import images as imaging
 from . import inventory as inventories
 from .errors import EdgetrainError, Interrupted, UsageError
+from .learning_rate import WARMUP_EPOCHS
 from .program import JobOptions
 from .progress import ConsoleProgress
 from .remote import Nodes
@@ -78,7 +79,7 @@ def run(
     max_steps: MaxStepsOpt = None,
     seed: SeedOpt = 42,
     target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
-    warmup_epochs: WarmupOpt = 0.25,
+    warmup_epochs: WarmupOpt = WARMUP_EPOCHS,
     lr_scaling: LrScalingOpt = 1.0,
     eval_every: EvalEveryOpt = None,
     eval_examples: EvalExamplesOpt = None,
@@ -157,7 +158,7 @@ def bench(
     batch_size: BatchOpt = None,
     max_steps: MaxStepsOpt = None,
     seed: SeedOpt = 42,
-    warmup_epochs: WarmupOpt = 0.25,
+    warmup_epochs: WarmupOpt = WARMUP_EPOCHS,
     lr_scaling: LrScalingOpt = 1.0,
     eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: evaluate every this many steps (default: four times an epoch).")] = None,
     eval_examples: EvalExamplesOpt = None,

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 
+# The default warmup, in epochs; LeNet's annealing starts where it ends.
+WARMUP_EPOCHS = 0.25
+
 
 def scale(ranks: int, accumulated: int, batch: int, job_batch: int, power: float = 1.0) -> float:
     """The factor on the job's base rate once warmed up."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from . import jobs
 from .datasets import DATASETS, TRAIN_EXAMPLES
 from .errors import UsageError
+from .learning_rate import WARMUP_EPOCHS
 
 STRATEGIES = ("horovod", "tf-multiworker")
 
@@ -23,7 +24,7 @@ class JobOptions:
     max_steps: int | None = None
     seed: int = 42
     target_accuracy: float | None = None
-    warmup_epochs: float = 0.25
+    warmup_epochs: float = WARMUP_EPOCHS
     extra: dict = field(default_factory=dict)  # the job's own, as declared in its JobSpec (``-o width=8``)
     eval_every: int | None = None
     eval_examples: int | None = None

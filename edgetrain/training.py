@@ -44,7 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--target-accuracy", type=float, default=None)
-    p.add_argument("--warmup-epochs", type=float, default=0.25)
+    p.add_argument("--warmup-epochs", type=float, default=learning_rate.WARMUP_EPOCHS)
     p.add_argument("--lr-scaling", type=float, default=1.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--eval-examples", type=int, default=None)

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from ..learning_rate import anneal
+from ..learning_rate import WARMUP_EPOCHS, anneal
 from ..optimizers import FusedAdam
 
 layers = tf.keras.layers
@@ -34,4 +34,4 @@ def lr_multiplier(epoch: float, epochs: int) -> float:
     """From the end of the default warmup, a cosine to a tenth of the rate at one epoch, then a
     tenth, whatever the run's length: LeNet reaches 98.5% within about an epoch, and near it a
     constant rate wanders a few tenths of a point, the more so at larger batches (docs/scaling.md)."""
-    return anneal(epoch, 0.25, 1.0, 0.1)
+    return anneal(epoch, WARMUP_EPOCHS, 1.0, 0.1)
