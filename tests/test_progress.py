@@ -1,11 +1,15 @@
-"""How the controller reads a line of mpirun's output: rank 0's events, Keras' progress bar and the
-program's own text, as they arrive when Keras redraws its bar in place."""
+"""How the controller reads a line of mpirun's output (rank 0's events, Keras' progress bar and the
+program's own text, as they arrive when Keras redraws its bar in place), and how it shows them."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
 
-from edgetrain.progress import EVENT_PREFIX, parse
+from rich.console import Console
+
+from edgetrain.progress import EVENT_PREFIX, ConsoleProgress, parse
 
 EPOCH = {"event": "epoch", "epoch": 2, "images_per_sec": 3487.4}
 # Keras' in-place redraw, as read with universal newlines: its carriage return ends the line.
@@ -36,3 +40,18 @@ def test_keras_backspaces_are_no_output_and_the_programs_lines_are_kept():
 
 def test_a_malformed_event_is_shown_as_the_programs_text():
     assert parse(EVENT_PREFIX + "{not json\n") == [EVENT_PREFIX + "{not json"]
+
+
+def test_the_bar_is_drawn_when_rank_0_reports_and_not_in_between():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with ConsoleProgress(console) as bar:
+        bar.event({"event": "start", "job": "lenet", "ranks": 2, "epochs": 1, "initial_epoch": 0, "steps": 100})
+        bar.event({"event": "step", "epoch": 1, "step": 40, "steps": 100, "loss": 0.5, "images_per_sec": 1234.0})
+        drawn = out.getvalue()
+        assert " 40/100" in drawn and "1,234 img/s" in drawn
+        time.sleep(0.5)  # a redraw thread (rich's default, 10 a second) would have written meanwhile
+        assert out.getvalue() == drawn
+        bar.event({**EPOCH, "epoch": 1, "loss": 0.25, "elapsed": 3.0})
+    shown = out.getvalue()[len(drawn):]
+    assert "epoch 1/1: loss 0.2500" in shown and " 40/100" not in shown  # the finished epoch's bar is gone
