@@ -208,6 +208,7 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
         known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "period_us": period, "measured": round(rate, 1),
                                                     "unthrottled": round(full, 1), "comm_quota_us": comm_quota,
                                                     "copy_mb_s": round(copy) if copy else None}
+        cache.parent.mkdir(parents=True, exist_ok=True)  # a first calibration may come before any testbed
         cache.write_text(json.dumps(known, indent=2))
     return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period, quota_us=quota,
                      comm_quota_us=comm_quota, neighbours=neighbours)
