@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import TextIO
 
 EVENT_PREFIX = "@edgetrain "
 # Keras' progress bar between its steps ("12/30 [===>....] - ETA: 4s - loss: ..."), redrawn with
 # carriage returns; the line that ends an epoch has no ETA and is kept as output.
 KERAS_UPDATE = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - ETA: \S+( - (.*))?$")
+# The console's bar is redrawn at most this often: edgetrain's callbacks report every half second.
+REDRAW_S = 0.5
 
 
 class Events:
@@ -70,12 +73,13 @@ class ConsoleProgress:
             TimeElapsedColumn(),
             console=console,
             transient=True,
-            # Redrawn when rank 0 reports (at most twice a second), not by rich's own thread: at its
-            # 10 redraws a second it cost 4 ms of CPU a second, a few percent of a Pi-sized node.
+            # Redrawn as rank 0 reports, at most every REDRAW_S (see _show), not by rich's own thread:
+            # its 10 redraws a second cost 4 ms of CPU a second, a few percent of a Pi-sized node.
             auto_refresh=False,
         )
         self.task = None
         self.label = ""
+        self.drawn = 0.0
         self.epochs = 0
         self.shown_epoch = 0
 
@@ -97,7 +101,13 @@ class ConsoleProgress:
             self._drop()
             self.task = self.bar.add_task(label, total=steps, detail="")
             self.label = label
-        self.bar.update(self.task, completed=step, total=steps, detail=detail, refresh=True)
+            self.drawn = 0.0
+        # Keras' own bar, read from a user's script, may report twenty times a second.
+        now = time.monotonic()
+        redraw = now - self.drawn >= REDRAW_S or step == steps
+        self.bar.update(self.task, completed=step, total=steps, detail=detail, refresh=redraw)
+        if redraw:
+            self.drawn = now
 
     def event(self, e: dict) -> None:
         kind = e["event"]

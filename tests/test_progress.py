@@ -55,3 +55,13 @@ def test_the_bar_is_drawn_when_rank_0_reports_and_not_in_between():
         bar.event({**EPOCH, "epoch": 1, "loss": 0.25, "elapsed": 3.0})
     shown = out.getvalue()[len(drawn):]
     assert "epoch 1/1: loss 0.2500" in shown and " 40/100" not in shown  # the finished epoch's bar is gone
+
+
+def test_reports_faster_than_a_redraw_are_drawn_at_the_next_redraw_or_the_epochs_last_step():
+    out = io.StringIO()
+    with ConsoleProgress(Console(file=out, force_terminal=True, width=100)) as bar:
+        for step in (10, 11, 12, 60):
+            bar.event({"event": "keras", "step": step, "steps": 60, "text": f"loss: 0.{step}"})
+    shown = out.getvalue()
+    assert "10/60" in shown and "60/60" in shown  # the first, and the epoch's end
+    assert "11/60" not in shown and "12/60" not in shown
