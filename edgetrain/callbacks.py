@@ -25,7 +25,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from . import checkpoints
-from .progress import Events
+from .progress import REPORT_S, Events
 
 _restored_epoch = 0
 
@@ -124,7 +124,7 @@ class Progress(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.steps_done = batch + 1
         now = time.time()
-        if now - self.last_emit > 0.5 or batch + 1 == self.steps:
+        if now - self.last_emit > REPORT_S or batch + 1 == self.steps:
             self.last_emit = now
             ips = (batch + 1) * self.global_batch / max(now - self.epoch_start - self.eval_time, 1e-9) if self.global_batch else None
             self.events.emit("step", epoch=self.epoch + 1, step=batch + 1, steps=self.steps,

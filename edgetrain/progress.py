@@ -11,8 +11,8 @@ EVENT_PREFIX = "@edgetrain "
 # Keras' progress bar between its steps ("12/30 [===>....] - ETA: 4s - loss: ..."), redrawn with
 # carriage returns; the line that ends an epoch has no ETA and is kept as output.
 KERAS_UPDATE = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - ETA: \S+( - (.*))?$")
-# The console's bar is redrawn at most this often: edgetrain's callbacks report every half second.
-REDRAW_S = 0.5
+# How often rank 0 reports its steps (edgetrain.callbacks), and so how often the console redraws at most.
+REPORT_S = 0.5
 
 
 class Events:
@@ -73,7 +73,7 @@ class ConsoleProgress:
             TimeElapsedColumn(),
             console=console,
             transient=True,
-            # Redrawn as rank 0 reports, at most every REDRAW_S (see _show), not by rich's own thread:
+            # Redrawn as rank 0 reports, at most every REPORT_S (see _show), not by rich's own thread:
             # its 10 redraws a second cost 4 ms of CPU a second, a few percent of a Pi-sized node.
             auto_refresh=False,
         )
@@ -104,7 +104,7 @@ class ConsoleProgress:
             self.drawn = 0.0
         # Keras' own bar, read from a user's script, may report twenty times a second.
         now = time.monotonic()
-        redraw = now - self.drawn >= REDRAW_S or step == steps
+        redraw = now - self.drawn >= REPORT_S or step == steps
         self.bar.update(self.task, completed=step, total=steps, detail=detail, refresh=redraw)
         if redraw:
             self.drawn = now
