@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.cluster.cpugroup import own_group
+
 
 @dataclass
 class DockerEngine:
@@ -97,6 +99,10 @@ def start(root: Path | None = None, *, netns: str | None = None, timeout: float 
         "--ip-masq=false",
         "--bridge=none",
     ]
+    parent = own_group()
+    if parent:
+        # Its containers (image builds among them) share the CPU of the group the tests run in.
+        cmd.append(f"--cgroup-parent=/{parent}/{root.name}")
     if netns:
         cmd = ["nsenter", f"--net=/var/run/netns/{netns}", *cmd]
     log = (root / "dockerd.log").open("ab")

@@ -13,18 +13,48 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("cpu", "cpuacct")
 
 
+def own_group() -> str:
+    """The cpu group this process runs in, relative to the hierarchy's root ("" at the root).
+
+    Groups the tests make go below it, so a suite run inside a capped group (``tests/capped.py``,
+    a stand-in for a slower machine) cannot give its nodes, ranks or containers more CPU than it has.
+    """
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path.strip("/")
+    return ""
+
+
+def own_cap() -> float | None:
+    """The fewest cores the groups above this process allow (their CFS quotas), None when unlimited."""
+    caps, group = [], CGROUP_ROOT / "cpu" / own_group()
+    while group != CGROUP_ROOT / "cpu":
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        if quota > 0:
+            caps.append(quota / int((group / "cpu.cfs_period_us").read_text()))
+        group = group.parent
+    return min(caps) if caps else None
+
+
 class CpuGroup:
-    """One cgroup-v1 group in the cpu and cpuacct hierarchies."""
+    """One cgroup-v1 group in the cpu and cpuacct hierarchies; ``name`` is its path from their root."""
 
     def __init__(self, name: str):
         self.name = name
+
+    @classmethod
+    def mine(cls, name: str) -> CpuGroup:
+        """A group called ``name`` below the one this process runs in (own_group)."""
+        parent = own_group()
+        return cls(f"{parent}/{name}" if parent else name)
 
     def path(self, controller: str = "cpu") -> Path:
         return CGROUP_ROOT / controller / self.name
 
     def create(self) -> None:
         for c in CONTROLLERS:
-            self.path(c).mkdir(exist_ok=True)
+            self.path(c).mkdir(parents=True, exist_ok=True)
 
     def move(self, pid: int) -> None:
         for c in CONTROLLERS:
@@ -75,6 +105,26 @@ class CpuGroup:
         stat = {k: int(v) for k, v in out.items()}
         stat["usage_ns"] = int((self.path("cpuacct") / "cpuacct.usage").read_text())
         return stat
+
+    def wait_while_working(self, done, what: str, *, alive=lambda: True, stall_s: float = 120.0,
+                           ceiling_s: float = 1200.0) -> None:
+        """Wait until ``done()`` for as long as the group's processes keep using CPU.
+
+        How long work inside a quota takes depends on the machine (a CFS quota costs TensorFlow's
+        threads more on some machines of one kind than on others), so no fixed deadline: the wait
+        fails when the group used no CPU for ``stall_s``, when ``alive()`` turns false, or - for
+        work that spins without getting anywhere - after ``ceiling_s``.
+        """
+        start = last_move = time.monotonic()
+        used = self.stat()["usage_ns"]
+        while not done():
+            assert alive(), f"ended before {what}"
+            now, usage = time.monotonic(), self.stat()["usage_ns"]
+            if usage > used:
+                used, last_move = usage, now
+            assert now - last_move < stall_s, f"no {what}: the group used no CPU for {stall_s:.0f} s"
+            assert now - start < ceiling_s, f"no {what} within {ceiling_s:.0f} s though the group kept using CPU"
+            time.sleep(0.2)
 
     def remove(self) -> None:
         """Remove the group and whatever groups were made below it (a Docker engine's, in every hierarchy)."""

@@ -7,19 +7,23 @@ not assumed:
 
 Method: one process of the seed-style LeNet recipe (``seed_lenet.py --calibrate``, batch 64, one
 rank) warms up unthrottled in a group of its own, then trains fixed numbers of steps while the
-quota is moved: starting from the unthrottled rate, each measurement rescales the quota by target /
-measured (img/s is close to proportional to CPU time), until the median of three measurements lands
-within 3% of the target. The kernel's smallest quota is 1 ms, so a rate that needs less at the
-requested period (below about 147 img/s at 10 ms here) is calibrated at a period twice as long, and
-the period used is recorded with the quota. Results are kept per machine (CPU model, core count,
-period, TensorFlow) in ``<testbed root>/calibration.json``, so a later ``up --emulate`` reuses
-them; a real Pi's figure replaces the target with one number.
+quota is moved (search_quota): a bracket on the quota, narrowed until the median of three
+measurements lands within 3% of the target - or within what the spread of this machine's
+measurements allows, up to 10% - or until the bracket is narrower than 2% of the quota. img/s is
+not proportional to the quota: machines of one kind that train at nearly the same speed unthrottled
+have needed quotas half as large again as each other for the same rate (a CFS quota costs
+TensorFlow's threads more on some), so a slower machine gets a larger quota, not a lower rate. The
+kernel's smallest quota is 1 ms, so a rate that needs less at the requested period (below about
+147 img/s at 10 ms here) is calibrated at a period twice as long, and the period used is recorded
+with the quota. Results are kept per machine (CPU model, core count, period, TensorFlow) in
+``<testbed root>/calibration.json``, so a later ``up --emulate`` reuses them; a real Pi's figure replaces the target with one number.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from .comm_core import comm_cores, comm_group, copy_rate_mb_s, moving
 from . import standin
-from .cpugroup import CpuGroup
+from .cpugroup import CpuGroup, own_cap
 
 SEED = Path(__file__).with_name("seed_lenet.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +87,10 @@ def _machine_key(period_us: int, comm: bool, neighbours: int) -> str:
     tf = next((v for v in (_version("tensorflow-cpu"), _version("tensorflow")) if v), "?")
     split = ", communication on a core of its own" if comm else ""
     busy = f", {neighbours} nodes training beside it" if neighbours else ""
-    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}{split}{busy}"
+    # A suite run in a capped group (tests/capped.py) is a slower machine: its quotas are its own.
+    cap = own_cap()
+    capped = f", capped at {cap:.2f} cores" if cap else ""
+    return f"{model} x{len(os.sched_getaffinity(0))}, period {period_us} us, TF {tf}{split}{busy}{capped}"
 
 
 def _version(dist: str) -> str | None:
@@ -105,8 +112,8 @@ class SeedMeter:
 
     def __init__(self, group_name: str, steps: int, python: str = sys.executable, comm_cores: float | None = None,
                  neighbours: int = 0):
-        self.group, self.steps, self.python = CpuGroup(group_name), steps, python
-        self.beside = [CpuGroup(f"{group_name}-beside{i + 1}") for i in range(neighbours)]
+        self.group, self.steps, self.python = CpuGroup.mine(group_name), steps, python
+        self.beside = [CpuGroup.mine(f"{group_name}-beside{i + 1}") for i in range(neighbours)]
         self.comm_cores = comm_cores
         self.proc: subprocess.Popen | None = None
         self._stack = contextlib.ExitStack()
@@ -155,13 +162,134 @@ class SeedMeter:
         self.proc.stdin.flush()
         return self._next_event()["images_per_sec"]
 
-    def median(self, n: int = 3) -> float:
-        return statistics.median(self.measure() for _ in range(n))
-
 
 def measurement_steps(target: float) -> int:
     """About 10 s of training per measurement at the target rate."""
     return max(20, int(target * 10 / 64))
+
+
+# The search (search_quota): land within 3% of the target where the machine's noise allows; where
+# measurements wander more, within what their spread allows, up to 10%. Noisier than that, a
+# calibration would mean nothing and fails, naming the spread.
+TOLERANCE = 0.03
+MAX_TOLERANCE = 0.10
+# A bracket this narrow (a share of its quota) is as fine as a quota need be: it ends the search
+# whatever the noise does to the last measurement.
+RESOLUTION = 0.02
+MAX_STEPS = 16
+MEASUREMENTS = 3  # a step's rate is their median: single ones wander by several percent here
+NOISE_POINTS = 6  # steps before the noise is known well enough to give up on it (12 degrees of freedom)
+
+
+@dataclass(frozen=True)
+class Point:
+    """The rates measured at one quota."""
+
+    quota_us: int
+    period_us: int
+    rates: tuple[float, ...]
+    # Not measured here: the target bracketed between two quotas closer than RESOLUTION, with their rates.
+    bracketed: bool = False
+
+    @property
+    def cores(self) -> float:
+        return self.quota_us / self.period_us
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def spread(self) -> float:
+        """max - min over the median: how far this machine's measurements wander at one setting."""
+        return (max(self.rates) - min(self.rates)) / self.rate
+
+
+class CalibrationError(RuntimeError):
+    pass
+
+
+def noise(points: list[Point]) -> float:
+    """The pooled relative standard deviation of every step's measurements about their step's mean."""
+    steps = [p for p in points if len(p.rates) >= MEASUREMENTS]
+    freedom = sum(len(p.rates) - 1 for p in steps)
+    if not freedom:
+        return 0.0
+    return math.sqrt(sum((r / statistics.fmean(p.rates) - 1) ** 2 for p in steps for r in p.rates) / freedom)
+
+
+def needed_tolerance(points: list[Point]) -> float:
+    """Twice the standard error of a step's median (about 0.67 of the noise for three), at least TOLERANCE."""
+    return max(TOLERANCE, 2 * 0.67 * noise(points))
+
+
+def quota_at(cores: float, period_us: int, max_cores: float) -> tuple[int, int]:
+    """(quota, period) for a share of the cores: the period doubled until the quota is one the kernel takes."""
+    cores = min(cores, max_cores)
+    while cores * period_us < MIN_QUOTA_US:
+        period_us *= 2  # a slow Pi: the same share of a core over a longer period
+    return max(MIN_QUOTA_US, round(cores * period_us)), period_us
+
+
+def search_quota(measure, target: float, unthrottled: float, max_cores: float, period_us: int = DEFAULT_PERIOD_US,
+                 log=print) -> tuple[Point, float]:
+    """The quota at which ``measure(quota_us, period_us)`` (a list of img/s) gives ``target``, and
+    the tolerance it was judged by.
+
+    img/s rises with the quota, but not in proportion (under a quota TensorFlow's threads lose
+    more than their share on some machines), and every measurement is noisy. So: a bracket on
+    the quota - the highest one measured below the target, the lowest above, starting from the
+    unthrottled rate above - each step measuring where the straight line between them meets the
+    target, kept at least a fifth of the bracket from either end so that the bracket shrinks even
+    when the line is off. Before both ends exist, steps are proportional guesses. The search ends
+    when a step's median lands within the tolerance, or when the bracket is narrower than
+    RESOLUTION (the noise, not the quota, is then what stops a landing).
+    """
+    lo: Point | None = None
+    hi = Point(round(max_cores * period_us), period_us, (unthrottled,))
+    if unthrottled < target:
+        raise CalibrationError(f"this machine trains at {unthrottled:.0f} img/s unthrottled, below the target {target:g}")
+    points: list[Point] = []
+    cores = max_cores * target / unthrottled
+    for _ in range(MAX_STEPS):
+        quota, period = quota_at(cores, period_us, max_cores)
+        point = Point(quota, period, tuple(measure(quota, period)))
+        points.append(point)
+        tol = needed_tolerance(points)
+        log(f"calibration: quota {quota} us / {period} us -> {point.rate:.0f} img/s "
+            f"(target {target:g}, spread {point.spread:.1%}, tolerance {tol:.1%})")
+        if tol > MAX_TOLERANCE and len(points) >= NOISE_POINTS:
+            raise CalibrationError(f"calibration to {target:g} img/s: measurements of one setting spread by "
+                                   f"{_spreads(points)} (noise {noise(points):.1%}), too noisy to calibrate within {MAX_TOLERANCE:.0%}")
+        if tol <= MAX_TOLERANCE and abs(point.rate - target) <= tol * target:
+            return point, tol
+        if point.rate < target:
+            lo = point
+        else:
+            hi = point
+        if lo is None:  # every throttled step above the target so far
+            cores = min(hi.cores / 1.02, hi.cores * target / hi.rate)
+            continue
+        width = hi.cores - lo.cores
+        if len(hi.rates) < MEASUREMENTS:  # above: only the unthrottled rate, no throttled step yet
+            cores = min(max(lo.cores * 1.02, lo.cores * target / lo.rate), hi.cores)
+            continue
+        if width <= RESOLUTION * hi.cores and tol <= MAX_TOLERANCE:
+            quota, period = quota_at(lo.cores + width * (target - lo.rate) / (hi.rate - lo.rate), period_us, max_cores)
+            log(f"calibration: {target:g} img/s lies between quotas {lo.quota_us} and {hi.quota_us} us "
+                f"(/ {lo.period_us} and {hi.period_us} us): {quota} us / {period} us")
+            return Point(quota, period, (lo.rate, hi.rate), bracketed=True), tol
+        cores = lo.cores + width * (target - lo.rate) / (hi.rate - lo.rate)
+        cores = min(max(cores, lo.cores + 0.2 * width), hi.cores - 0.2 * width)
+    raise CalibrationError(
+        f"calibration to {target:g} img/s did not converge in {MAX_STEPS} steps: the target lies between "
+        f"{lo.quota_us if lo else MIN_QUOTA_US} us ({lo.rate if lo else 0:.0f} img/s) and {hi.quota_us} us ({hi.rate:.0f} img/s); "
+        f"measurements of one setting spread by {_spreads(points)}, tolerance {min(needed_tolerance(points), MAX_TOLERANCE):.1%}")
+
+
+def _spreads(points: list[Point]) -> str:
+    spreads = sorted(p.spread for p in points)
+    return f"{spreads[0]:.1%} to {spreads[-1]:.1%} (median {statistics.median(spreads):.1%})"
 
 
 def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
@@ -176,39 +304,26 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
         return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
                          quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"), neighbours=neighbours)
 
-    period = period_us
     copy = copy_rate_mb_s() if comm else None
     pi_core = comm_cores(copy) if copy else None
     if pi_core:
         log(f"calibration: one core copies {copy:,.0f} MB/s here (STREAM copy): a Pi core's communication is {pi_core:.3f} of it")
     with SeedMeter(group_name, measurement_steps(target), python, comm_cores=pi_core, neighbours=neighbours) as meter:
         full = meter.measure()
-        cores = len(os.sched_getaffinity(0))
-        quota = max(MIN_QUOTA_US, min(cores * period, int(period * cores * target / full)))
-        # Each step is judged on the median of three measurements: single ones wander by several
-        # percent on a shared machine, and one lucky measurement must not end the search.
-        for _ in range(8):
+
+        def measure(quota: int, period: int) -> list[float]:
             meter.limit(quota, period)
-            rate = meter.median()
-            log(f"calibration: quota {quota} us / {period} us -> {rate:.0f} img/s (target {target:g})")
-            if abs(rate - target) <= 0.03 * target:
-                break
-            if quota == MIN_QUOTA_US and rate > target:
-                # A slow Pi needs less than the kernel's smallest quota at this period: the same
-                # share of a core over a period twice as long.
-                period *= 2
-                quota = 2 * MIN_QUOTA_US
-                log(f"calibration: {target:g} img/s needs less than {MIN_QUOTA_US} us a period; period now {period} us")
-                continue
-            quota = max(MIN_QUOTA_US, int(quota * target / rate))
-        else:
-            raise RuntimeError(f"calibration to {target:g} img/s did not converge (last {rate:.0f} img/s at quota {quota} us / {period} us)")
-    comm_quota = round(pi_core * period) if pi_core else None
+            return [meter.measure() for _ in range(MEASUREMENTS)]
+
+        found, tol = search_quota(measure, target, full, len(os.sched_getaffinity(0)), period_us, log)
+    comm_quota = round(pi_core * found.period_us) if pi_core else None
     if cache is not None:
-        known.setdefault(key, {})[f"{target:g}"] = {"quota_us": quota, "period_us": period, "measured": round(rate, 1),
+        known.setdefault(key, {})[f"{target:g}"] = {"quota_us": found.quota_us, "period_us": found.period_us,
+                                                    "measured": [round(r, 1) for r in found.rates], "tolerance": round(tol, 3),
+                                                    "bracketed": found.bracketed,
                                                     "unthrottled": round(full, 1), "comm_quota_us": comm_quota,
                                                     "copy_mb_s": round(copy) if copy else None}
         cache.parent.mkdir(parents=True, exist_ok=True)  # a first calibration may come before any testbed
         cache.write_text(json.dumps(known, indent=2))
-    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=period, quota_us=quota,
+    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=found.period_us, quota_us=found.quota_us,
                      comm_quota_us=comm_quota, neighbours=neighbours)

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rate != "full":
             pi = calibrate(float(args.rate), "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json",
                            comm=args.comm == "pi-core", log=lambda line: print(line, file=sys.stderr))
-            group = CpuGroup("edgetrain-one-node")
+            group = CpuGroup.mine("edgetrain-one-node")
             group.create()
             stack.callback(group.remove)
             group.limit(pi.quota_us, pi.period_us)

@@ -85,11 +85,13 @@ class Node:
     dir: str
     sshd_pid: int | None = None
     dockerd_pid: int | None = None
+    # The node's cpu group from the hierarchy's root: below the group the testbed was made from.
+    cgroup_path: str = ""
 
     @property
     def cgroup(self) -> CpuGroup:
         """The node's CPU: its sshd, what that starts, and its engine's containers."""
-        return CpuGroup(self.netns)
+        return CpuGroup(self.cgroup_path or self.netns)
 
     @property
     def docker_sock(self) -> str:
@@ -204,6 +206,7 @@ class Testbed:
             state.nodes.append(Node(
                 name=f"node{i}", netns=f"{tid}-n{i}", veth=f"{tid}-v{i}",
                 address=f"198.18.{state.subnet}.{10 + i}", dir=f"{d}/node{i}",
+                cgroup_path=CpuGroup.mine(f"{tid}-n{i}").name,
             ))
         state.save()
         bed = cls(state)

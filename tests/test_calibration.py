@@ -1,0 +1,67 @@
+"""The Pi 4 calibration's search (tests/cluster/emulation.py) on machines described by a curve and
+noise: it lands on any curve that rises with the quota, however far from proportional, within
+the tolerance the noise allows, and where the noise is too large for a calibration to mean
+anything it says so, naming the spread. The calibration against real training runs in
+tests/cluster/test_emulation.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.cluster.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, search_quota
+
+CORES = 2
+
+
+class Machine:
+    """img/s at a share of the cores: ``scale * cores ** power``, each measurement off by gaussian noise."""
+
+    def __init__(self, scale: float, power: float, noise: float, seed: int = 1):
+        self.scale, self.power, self.noise = scale, power, noise
+        self.rng = random.Random(seed)
+        self.steps = 0
+
+    def true_rate(self, quota: int, period: int) -> float:
+        return self.scale * (quota / period) ** self.power
+
+    def measure(self, quota: int, period: int) -> list[float]:
+        self.steps += 1
+        return [self.true_rate(quota, period) * (1 + self.rng.gauss(0, self.noise)) for _ in range(MEASUREMENTS)]
+
+    def quota_for(self, target: float, period: int) -> float:
+        return (target / self.scale) ** (1 / self.power) * period
+
+
+# The machine the slower-machine report came from trained 5.5x slower per CPU-second under a small
+# quota than unthrottled: img/s far from proportional to the quota (power 1.6), as well as noisy.
+@pytest.mark.parametrize("power", [1.0, 1.6, 2.2, 0.7])
+@pytest.mark.parametrize("noise", [0.0, 0.02, 0.05])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_search_lands_on_curves_far_from_proportional(power, noise, seed):
+    m = Machine(scale=2_900 / CORES ** 1.6 * CORES ** (1.6 - power), power=power, noise=noise, seed=seed)
+    found, tol = search_quota(m.measure, 250, m.true_rate(CORES, 1), CORES, 10_000, log=lambda _: None)
+    truth = m.true_rate(found.quota_us, found.period_us)
+    # Judged on the machine's true rate at the quota found: within the tolerance plus what the
+    # noise of a median of three can still add (three of its standard errors, 0.67 of the noise each).
+    assert abs(truth - 250) <= (tol + 2 * noise) * 250, (found, tol, truth)
+    assert tol <= 0.10 and m.steps <= MAX_STEPS
+
+
+def test_a_slow_pi_is_calibrated_at_a_longer_period():
+    m = Machine(scale=3_000, power=1.0, noise=0.01)
+    found, _ = search_quota(m.measure, 60, m.true_rate(CORES, 1), CORES, 10_000, log=lambda _: None)
+    assert found.period_us > 10_000 and found.quota_us >= 1_000
+    assert abs(m.true_rate(found.quota_us, found.period_us) - 60) <= 0.05 * 60
+
+
+def test_noise_too_large_to_calibrate_is_named():
+    m = Machine(scale=1_500, power=1.3, noise=0.25)
+    with pytest.raises(CalibrationError, match=r"spread by .*median"):
+        search_quota(m.measure, 250, m.true_rate(CORES, 1), CORES, 10_000, log=lambda _: None)
+
+
+def test_a_machine_slower_than_the_target_unthrottled_is_named():
+    with pytest.raises(CalibrationError, match="200 img/s unthrottled, below the target 250"):
+        search_quota(lambda q, p: [0.0], 250, 200, CORES, 10_000, log=lambda _: None)
