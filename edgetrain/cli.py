@@ -28,6 +28,7 @@ from .errors import EdgetrainError, Interrupted, UsageError
 from .learning_rate import WARMUP_EPOCHS
 from .program import JobOptions
 from .progress import ConsoleProgress
+from .strategies import DEFAULT, STRATEGIES
 from .remote import Nodes
 
 app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
@@ -67,7 +68,7 @@ def run(
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
-    strategy: Annotated[str, typer.Option(help="horovod (mpirun + Horovod) or tf-multiworker (TensorFlow's MultiWorkerMirroredStrategy; TF_CONFIG written per worker).")] = "horovod",
+    strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
     tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,

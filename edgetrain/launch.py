@@ -24,7 +24,8 @@ from pathlib import Path
 
 from . import __version__, checkpoints, failures, inventory, mpi, placement, progress, requirements, runs, runtimes, workdir
 from .errors import EdgetrainError, Interrupted, UsageError
-from .program import STRATEGIES, Program
+from .program import Program
+from .strategies import DEFAULT, STRATEGIES
 
 
 @dataclass
@@ -37,7 +38,7 @@ class RunRequest:
     group: str | None = None
     per_node: int | None = None  # ranks per host at most (bench: one per node); None: the inventory's slots
     runtime: str | None = None  # None: the inventory's edgetrain_runtime
-    strategy: str = "horovod"
+    strategy: str = DEFAULT
     tf_port: int = 23456
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
@@ -114,8 +115,8 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"--hang-timeout {req.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
     if req.strategy not in STRATEGIES:
         raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
-    if req.strategy != "horovod" and not req.program.is_script:
-        raise UsageError(f"the built-in job {req.program.name} trains with Horovod", "drop --strategy, or run your own script")
+    if not STRATEGIES[req.strategy].builtin_jobs and not req.program.is_script:
+        raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
     if not 1024 <= req.tf_port <= 65000:
         raise UsageError(f"--tf-port {req.tf_port} must be between 1024 and 65000")
 
@@ -207,10 +208,8 @@ def prepare(req: RunRequest) -> Launch:
     lock: runs.RunLock | None = None
     try:
         rt.check(program)
-        tf_workers: list[str] = []
-        if req.strategy == "tf-multiworker":
-            tf_workers, ports = runtimes.tf_workers(plan, req.tf_port)
-            rt.check_ports(ports)
+        strategy = STRATEGIES[req.strategy]
+        rt.check_ports(strategy.ports(plan, req.tf_port), strategy.name)
         root = runs.ensure_writable(req.runs_dir)
         resumed_epoch = None
         if req.resume:
@@ -227,8 +226,7 @@ def prepare(req: RunRequest) -> Launch:
         (run.path / "machinefile").write_text(plan.machinefile())
         worker = [rt.python, "-m", "edgetrain.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
                   "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name]
-        if tf_workers:
-            worker += ["--tf-workers", ",".join(tf_workers)]
+        worker += strategy.worker_args(plan, req.tf_port)
         if resumed_epoch is not None:
             worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
         worker += program.worker_args()

@@ -12,9 +12,6 @@ from .datasets import DATASETS, TRAIN_EXAMPLES
 from .errors import UsageError
 from .learning_rate import WARMUP_EPOCHS
 
-STRATEGIES = ("horovod", "tf-multiworker")
-
-
 @dataclass(frozen=True)
 class JobOptions:
     """The built-in jobs' options; a user script takes its own after ``--``."""

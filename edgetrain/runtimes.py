@@ -63,14 +63,16 @@ class Runtime:
     def check(self, program: Program) -> None:
         """Every check that needs no run directory; raises on the first failure."""
 
-    def check_ports(self, ports: dict[str, list[int]]) -> None:
+    def check_ports(self, ports: dict[str, list[int]], strategy: str) -> None:
         """Refuse ports (per host name) that something already listens on."""
         for h in self.plan.hosts:
             wanted = [str(p) for p in ports.get(h.name, [])]
+            if not wanted:
+                continue
             python = sys.executable if h.is_local else "python3"
             busy = self.nodes.check(h, [python, "-c", CHECK_PORTS, *wanted], "checking ports").split()
             if busy:
-                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; tf-multiworker needs ports "
+                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; {strategy} needs ports "
                                      f"{wanted[0]}-{wanted[-1]} there", "pass another --tf-port")
 
     def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
@@ -255,16 +257,6 @@ class DockerRuntime(Runtime):
 
 
 RUNTIMES = {"host": HostRuntime, "docker": DockerRuntime}
-
-
-def tf_workers(plan: Placement, base_port: int) -> tuple[list[str], dict[str, list[int]]]:
-    """Every tf-multiworker worker's ``host:port`` in rank order, and the ports each host needs."""
-    workers, ports = [], {}
-    for host, n in plan.ranks:
-        ports[host.name] = [base_port + i for i in range(n)]
-        address = host.address if not host.is_local or len(plan.hosts) > 1 else "localhost"
-        workers += [f"{address}:{p}" for p in ports[host.name]]
-    return workers, ports
 
 
 def host_of(plan: Placement, address: str) -> Host | None:

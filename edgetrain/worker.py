@@ -3,7 +3,7 @@
 A middleman between Hydra and the program (the user's script, or a built-in job's module): it
 sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts the program in
 the rank's working copy of the shipped folder with the node's datasets where Keras looks for
-them, writes ``TF_CONFIG`` for TensorFlow's multi-worker strategy, and records how the rank
+them, sets up the rank's environment as its strategy says (edgetrain.strategies), and records how the rank
 ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
 list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import json
 import os
 import re
@@ -25,8 +24,9 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import failures, pmi, rendezvous, workdir
+from . import failures, pmi, workdir
 from .progress import Events
+from .strategies import DEFAULT, STRATEGIES, horovod_module
 
 # Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
 KERAS_LAYOUT = {
@@ -44,8 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--store", type=Path, help="the node's file store (with --workdir-manifest)")
     p.add_argument("--data", type=Path, help="the node's datasets, DIR/<dataset>/<files>")
-    p.add_argument("--strategy", choices=("horovod", "tf-multiworker"), default="horovod")
-    p.add_argument("--tf-workers", default="", help="host:port of every worker, in rank order")
+    p.add_argument("--strategy", choices=tuple(STRATEGIES), default=DEFAULT)
+    p.add_argument("--peers", default="", help="what the strategy tells every rank (tf-multiworker: host:port of every worker, in rank order)")
     p.add_argument("--job-name", default="", help="names the run's checkpoints (EDGETRAIN_JOB)")
     p.add_argument("--resume-from", default="", help="the checkpoint a resumed run starts from (EDGETRAIN_RESUME_FROM)")
     p.add_argument("--quiet", action="store_true", help="rank 0's output goes to its log only (the program reports events)")
@@ -158,19 +158,6 @@ def keras_home() -> Path:
     return Path(tempfile.gettempdir()) / ".keras"
 
 
-def tf_config(workers: list[str], index: int) -> str:
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-
-
-def _horovod():
-    """Horovod's TensorFlow module if the program initialized it, else None."""
-    hvd = sys.modules.get("horovod.tensorflow")
-    try:
-        return hvd if hvd is not None and hvd.is_initialized() else None
-    except Exception:  # noqa: BLE001 - an unusable Horovod counts as not initialized
-        return None
-
-
 def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Manifest | None) -> None:
     """Rank 0's files for ``collect``: new or changed in its working copy, and the output dir."""
     work = workdir.changed(manifest, cwd) if manifest is not None else {}
@@ -258,13 +245,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
         if args.data is not None:
             os.environ["EDGETRAIN_DATA"] = str(args.data)
             link_datasets(args.data, keras_home())
-        if args.strategy == "tf-multiworker":
-            os.environ["TF_CONFIG"] = tf_config(args.tf_workers.split(","), rank)
-            # One GPU per worker, as Horovod ranks get with pin_gpu: the node's n-th worker the n-th GPU.
-            if "CUDA_VISIBLE_DEVICES" not in os.environ and glob.glob("/dev/nvidia[0-9]*"):
-                os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MPI_LOCALRANKID", "0")
-        else:
-            rendezvous.set_up()  # rank 0's server answers from a thread of its own
+        STRATEGIES[args.strategy].set_up_rank(rank, args.peers)
         if args.module:
             sys.argv = [args.program, *args.args]
             runpy.run_module(args.program, run_name="__main__", alter_sys=True)
@@ -280,17 +261,16 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
         _failed(run_dir, rank, host, events, exc)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    if code == 0 and args.strategy == "horovod" and size > 1 and _horovod() is None:
-        failures.write(run_dir, rank, host, "the script ended without calling hvd.init(), so every rank trained alone",
-                       None, fix="call hvd.init() and wrap the optimizer in hvd.DistributedOptimizer (see examples/), "
-                                 "or pass --strategy tf-multiworker", kind="no-init")
+    unmet = STRATEGIES[args.strategy].unmet(size) if code == 0 else None
+    if unmet is not None:
+        failures.write(run_dir, rank, host, unmet.error, None, fix=unmet.fix, kind=unmet.kind)
         code = 1
     if rank == 0:
         try:
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
             _say(f"edgetrain: could not list rank 0's outputs: {exc}")
-    hvd = _horovod()
+    hvd = horovod_module()
     if code == 0 and hvd is not None:
         try:
             failures.mark_ended(run_dir, rank)

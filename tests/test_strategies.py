@@ -1,0 +1,41 @@
+"""Strategies as objects (edgetrain.strategies): what each asks of the hosts and tells the ranks,
+read from a real inventory's placement; and the launcher and the worker that use them name none."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from edgetrain import inventory, placement, strategies
+
+from .test_placement import CLUSTER, write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_multiworker_gives_every_worker_a_port_of_its_host_in_rank_order(tmp_path):
+    plan = placement.plan(inventory.load(write(tmp_path, CLUSTER)), 6)
+    s = strategies.STRATEGIES["tf-multiworker"]
+    assert s.ports(plan, 23456) == {"pi0": [23456, 23457, 23458, 23459], "pi1": [23456, 23457]}
+    flag, peers = s.worker_args(plan, 23456)
+    assert flag == "--peers" and peers.split(",") == [f"198.18.0.10:{p}" for p in range(23456, 23460)] + \
+        ["198.18.0.11:23456", "198.18.0.11:23457"]
+    config = json.loads(strategies.tf_config(peers.split(","), 5))
+    assert config["task"] == {"type": "worker", "index": 5} and len(config["cluster"]["worker"]) == 6
+
+
+def test_horovod_asks_for_no_ports_and_only_it_trains_the_built_in_jobs(tmp_path):
+    plan = placement.plan(inventory.load(write(tmp_path, CLUSTER)), 6)
+    h = strategies.STRATEGIES[strategies.DEFAULT]
+    assert h.ports(plan, 23456) == {} and h.worker_args(plan, 23456) == []
+    assert [s.name for s in strategies.STRATEGIES.values() if s.builtin_jobs] == ["horovod"]
+    # In this process nobody called hvd.init(): several ranks would each have trained alone.
+    assert h.unmet(2).kind == "no-init" and h.unmet(1) is None
+
+
+def test_the_launcher_and_the_worker_compare_no_strategy_names():
+    names = "|".join(re.escape(n) for n in strategies.STRATEGIES)
+    for module in ("launch.py", "worker.py", "runtimes.py"):
+        text = (ROOT / "edgetrain" / module).read_text()
+        assert not re.search(rf"(==|!=|\bin)\s*\(?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=)", text), module
