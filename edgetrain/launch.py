@@ -104,10 +104,7 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    rt = runtimes.RUNTIMES[name](plan, inv, log=req.log)
-    if isinstance(rt, runtimes.HostRuntime):
-        rt.data_dir_option = req.data_dir
-    return rt
+    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, log=req.log)
 
 
 def _check_request(req: RunRequest) -> None:
@@ -207,7 +204,6 @@ def prepare(req: RunRequest) -> Launch:
     created: runs.Run | None = None
     lock: runs.RunLock | None = None
     try:
-        rt.check(program)
         strategy = STRATEGIES[req.strategy]
         rt.check_ports(strategy.ports(plan, req.tf_port), strategy.name)
         root = runs.ensure_writable(req.runs_dir)
@@ -223,7 +219,7 @@ def prepare(req: RunRequest) -> Launch:
             run = created = runs.create(root, program.name)
             lock = run.lock()
         rt.stage(run, manifest)
-        (run.path / "machinefile").write_text(plan.machinefile())
+        run.machinefile.write_text(plan.machinefile())
         worker = [rt.python, "-m", "edgetrain.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
                   "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name]
         worker += strategy.worker_args(plan, req.tf_port)
@@ -466,8 +462,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    if isinstance(rt, runtimes.HostRuntime):
-        rt.stop = lambda: os.killpg(proc.pid, signal.SIGTERM) if proc.poll() is None else None  # type: ignore[method-assign]
+    rt.attach(proc)
     watch = _Watch(launch, launch.request.hang_timeout)
     watch.start()
     last: dict = {}
@@ -530,12 +525,8 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         state = State.COMPLETED if code == 0 and watch.failure is None and record_error is None else State.FAILED
     except KeyboardInterrupt:
         state, code = State.INTERRUPTED, 130
-        if isinstance(rt, runtimes.HostRuntime):
-            # Hydra forwards SIGINT to every rank; if they do not end in time, the session goes.
-            proc.send_signal(signal.SIGINT)
-        else:
-            rt.stop()
-        try:
+        rt.interrupt()
+        try:  # if the ranks do not end in time, the session goes
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)

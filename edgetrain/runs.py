@@ -40,6 +40,11 @@ class Run:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def machinefile(self) -> Path:
+        """Hydra's ``host:slots`` lines for this attempt (what the host runtime's mpirun reads)."""
+        return self.path / "machinefile"
+
     def log(self, rank: int) -> Path:
         return self.path / f"rank.{rank}.log"
 

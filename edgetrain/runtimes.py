@@ -1,19 +1,25 @@
 """Where the ranks run: on the hosts themselves (``host``) or in the edgetrain image on every node
 (``docker``). Both sit behind one small interface, so the launcher never asks which it has.
 
-A runtime checks its nodes, stages what a run needs there (the shipped working directory, the
-datasets), starts whatever the ranks run in, gives the ``mpirun`` command line, reports whether
-each node is still alive, and removes everything it started.
+A runtime is made by checking its nodes (``checked``: what the checks found is part of it, so
+every method works from then on), stages what a run needs there (the shipped working directory,
+the datasets), starts whatever the ranks run in, gives the ``mpirun`` command line, is told the
+``mpirun`` process (``attach``), reports whether each node is still alive, interrupts or stops
+the ranks, and removes everything it started.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from . import containers, datasets, images, mpi, preflight, requirements, runs, workdir
 from .errors import EdgetrainError
@@ -35,19 +41,40 @@ CHECK_PORTS = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Runtime:
     """The part both runtimes share: the placement, the ssh session to the nodes, and what ranks see."""
 
-    name = ""
-    python = sys.executable  # the ranks' Python
+    name: ClassVar[str] = ""
+    python: ClassVar[str] = sys.executable  # the ranks' Python
     plan: Placement
     inventory: Inventory
-    nodes: Nodes = field(default_factory=Nodes)
-    shipped: list[workdir.Shipped] = field(default_factory=list)
+    nodes: Nodes
     versions: dict = field(default_factory=dict)
-    probe_seconds: float | None = None
     log: Callable[[str], None] = print
+    shipped: list[workdir.Shipped] = field(default_factory=list)
+    probe_seconds: float | None = None
+    mpirun_process: subprocess.Popen | None = None  # once attached
+
+    @classmethod
+    def checked(cls, plan: Placement, inventory: Inventory, program: Program, *, data_dir: Path | None = None,
+                log: Callable[[str], None] = print) -> Runtime:
+        """The runtime for ``plan`` once every check that needs no run directory has passed
+        (``data_dir``: where this machine keeps its datasets, for the host runtime)."""
+        nodes = Nodes()
+        try:
+            found = cls.check(nodes, plan, inventory, program, data_dir, log)
+        except BaseException:
+            nodes.close()
+            raise
+        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, **found)
+
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        """Every check that needs no run directory; raises on the first failure, else returns what
+        it found (this runtime's fields)."""
+        raise NotImplementedError
 
     # -- what the ranks see -------------------------------------------------------------------
     def run_dir(self, run: runs.Run) -> str:
@@ -60,9 +87,6 @@ class Runtime:
         raise NotImplementedError
 
     # -- the steps of a launch ----------------------------------------------------------------
-    def check(self, program: Program) -> None:
-        """Every check that needs no run directory; raises on the first failure."""
-
     def check_ports(self, ports: dict[str, list[int]], strategy: str) -> None:
         """Refuse ports (per host name) that something already listens on."""
         for h in self.plan.hosts:
@@ -97,12 +121,20 @@ class Runtime:
     def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
         raise NotImplementedError
 
+    def attach(self, process: subprocess.Popen) -> None:
+        """The ``mpirun`` started from ``mpirun()``'s command line, in a session of its own."""
+        self.mpirun_process = process
+
     def states(self) -> list[containers.NodeState]:
         """Each node's state while the run goes on; empty when there is nothing to watch."""
         return []
 
     def stop(self) -> None:
-        """End every rank at once (the watcher's and Ctrl-C's way out)."""
+        """End every rank at once (the watcher's way out, and a disk full before the start)."""
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the ranks are asked to end; the launcher waits a grace period, then kills mpirun."""
+        self.stop()
 
     def finish(self, run: runs.Run) -> list[str]:
         """Remove what was started and bring the rank logs home; the problems met doing so."""
@@ -113,33 +145,38 @@ class Runtime:
         return {}
 
 
+@dataclass(kw_only=True)
 class HostRuntime(Runtime):
     """Ranks run on the hosts themselves, ``mpirun`` on this machine (the embedded default)."""
 
-    name = "host"
+    name: ClassVar[str] = "host"
+    mpirun_exe: str
+    required: dict[str, datasets.DatasetFiles]  # the datasets the program names
+    staged: dict[str, datasets.DatasetFiles]  # every dataset this machine has, the required ones among them
 
-    def check(self, program: Program) -> None:
-        if not self.plan.head.is_local:
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        if not plan.head.is_local:
             raise EdgetrainError(
-                f"the host runtime starts mpirun on this machine, but rank 0's host {self.plan.head.name} is another machine",
+                f"the host runtime starts mpirun on this machine, but rank 0's host {plan.head.name} is another machine",
                 "use --runtime docker, or run edgetrain on the head node",
             )
-        self.mpirun_exe = mpi.mpirun_path()
-        self.data = {d: datasets.locate(d, self.data_dir_option) for d in program.datasets}
+        mpirun_exe = mpi.mpirun_path()
+        required = {d: datasets.locate(d, data_dir) for d in program.datasets}
         # As on a provisioned node, every dataset this machine has is staged, so that a script's
         # Keras load_data() finds it offline without naming it; --dataset only makes one required.
-        self.staged = dict(self.data)
+        staged = dict(required)
         for d in datasets.DATASETS:
-            if d not in self.staged:
+            if d not in staged:
                 try:
-                    self.staged[d] = datasets.locate(d, self.data_dir_option)
+                    staged[d] = datasets.locate(d, data_dir)
                 except EdgetrainError:
                     pass
         if program.requirements is not None:
-            requirements.install_here(program.requirements, requirements.read(program.requirements), self.log)
-        self.versions = {"python": sys.version.split()[0], "mpich": mpi.mpich_version(self.mpirun_exe)}
-
-    data_dir_option: Path | None = None
+            requirements.install_here(program.requirements, requirements.read(program.requirements), log)
+        return {"mpirun_exe": mpirun_exe, "required": required, "staged": staged,
+                "versions": {"python": sys.version.split()[0], "mpich": mpi.mpich_version(mpirun_exe)}}
 
     def run_dir(self, run: runs.Run) -> str:
         return str(run.path.resolve())
@@ -155,7 +192,7 @@ class HostRuntime(Runtime):
 
     def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
         # The ranks find every dataset under one directory, as they do in a container.
-        for found in getattr(self, "staged", {}).values():
+        for found in self.staged.values():
             d = run.path / "data" / found.dataset
             d.mkdir(parents=True, exist_ok=True)
             for p in found.paths:
@@ -164,35 +201,47 @@ class HostRuntime(Runtime):
         super().stage(run, manifest)
 
     def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
-        machinefile = run.path / "machinefile"
-        machinefile.write_text(self.plan.machinefile())
         iface = self.plan.head.iface if len(self.plan.hosts) > 1 else None
-        argv = mpi.mpirun_argv(self.mpirun_exe, str(machinefile), self.plan.np, iface, self.plan.rank_env, ssh=False)
+        argv = mpi.mpirun_argv(self.mpirun_exe, str(run.machinefile), self.plan.np, iface, self.plan.rank_env, ssh=False)
         return [*argv, *worker]
+
+    def stop(self) -> None:
+        process = self.mpirun_process
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # Hydra ends the ranks
+
+    def interrupt(self) -> None:
+        if self.mpirun_process is not None:
+            self.mpirun_process.send_signal(signal.SIGINT)  # Hydra forwards it to every rank
 
     def record(self, run: runs.Run) -> dict:
         return {"dataset": {name: {"format": f.fmt, "files": {str(p): datasets.sha256_file(p) for p in f.paths}}
-                            for name, f in getattr(self, "data", {}).items()}}
+                            for name, f in self.required.items()}}
 
 
+@dataclass(kw_only=True)
 class DockerRuntime(Runtime):
     """One container of the node's image per node; ``mpirun`` inside the rank-0 container."""
 
-    name = "docker"
-    python = containers.PYTHON
+    name: ClassVar[str] = "docker"
+    python: ClassVar[str] = containers.PYTHON
+    reports: list[preflight.NodeReport]  # what preflight found on each node
     containers: containers.Containers | None = None  # once started
 
-    def check(self, program: Program) -> None:
-        self.reports = preflight.check_nodes(self.nodes, self.plan, program.datasets, self.inventory.source)
-        preflight.require(self.reports)
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
+        preflight.require(reports)
         if program.requirements is not None:
             lines = requirements.read(program.requirements)
-            with ThreadPoolExecutor(max_workers=min(16, len(self.plan.hosts))) as pool:
-                lacking = list(pool.map(lambda h: requirements.missing_in_image(self.nodes, h, images.image_for(h), lines), self.plan.hosts))
-            for h, missing in zip(self.plan.hosts, lacking):
+            with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
+                lacking = list(pool.map(lambda h: requirements.missing_in_image(nodes, h, images.image_for(h), lines), plan.hosts))
+            for h, missing in zip(plan.hosts, lacking):
                 if missing:
                     raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
                                          f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))
+        return {"reports": reports}
 
     def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
         return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}
@@ -205,9 +254,6 @@ class DockerRuntime(Runtime):
 
     def data_dir(self, run: runs.Run) -> str:
         return containers.DATA_MOUNT
-
-    def head_run_dir(self, run: runs.Run) -> str:
-        return self.node_run_dirs(run)[self.plan.head.name]
 
     def start(self, run: runs.Run) -> None:
         self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
