@@ -253,7 +253,7 @@ class Bench:
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
         if outcome.state is not launch.State.COMPLETED or not found:
-            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.failed_error or outcome.state.value})",
+            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.error or outcome.state.value})",
                                  f"its logs: {run.path}")
         e = found[-1]
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"])
@@ -274,7 +274,7 @@ class Bench:
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not launch.State.COMPLETED:
-            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.failed_error or ''}")
+            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.error or ''}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")

@@ -133,14 +133,15 @@ def run(
         return
     if outcome.state is launch.State.INTERRUPTED:
         raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
-    for line in outcome.log_tail:
+    found = outcome.finding
+    for line in found.log_tail if found else ():
         err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
-    if outcome.failed_rank is not None:
-        who = f"rank {outcome.failed_rank} on {outcome.failed_host} failed: {outcome.failed_error}"
-    elif outcome.failed_host is not None:
-        who = f"a rank on {outcome.failed_host} failed: {outcome.failed_error}"
-    elif outcome.failed_error is not None:
-        who = outcome.failed_error
+    if found and found.rank is not None:
+        who = f"rank {found.rank} on {found.host} failed: {found.error}"
+    elif found and found.host is not None:
+        who = f"a rank on {found.host} failed: {found.error}"
+    elif found and found.error is not None:
+        who = found.error
     else:
         who = f"mpirun exited with {outcome.returncode}"
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, checkpoints, failures, inventory, mpi, placement, progress, requirements, runs, runtimes, workdir
+from . import __version__, blame, checkpoints, failures, inventory, placement, progress, requirements, runs, runtimes, workdir
 from .errors import EdgetrainError, Interrupted, UsageError
 from .program import Program
 from .strategies import DEFAULT, STRATEGIES
@@ -88,11 +88,12 @@ class Outcome:
     returncode: int
     state: State
     last_metrics: dict = field(default_factory=dict)
-    failed_rank: int | None = None
-    failed_host: str | None = None
-    failed_error: str | None = None
-    log_tail: list[str] = field(default_factory=list)
+    finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str | None:
+        return self.finding.error if self.finding is not None else None
 
 
 def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placement) -> runtimes.Runtime:
@@ -332,108 +333,6 @@ class _Watch(threading.Thread):
                     return self._fail(st.host, st.detail)
 
 
-def _rank_pids(run: runs.Run) -> dict[str, list[tuple[int, str]]]:
-    """pid -> [(rank, hostname)], from the line each rank's worker logs when it starts."""
-    pids: dict[str, list[tuple[int, str]]] = {}
-    for log in run.logs():
-        with open(log, errors="replace") as f:
-            for line in f:
-                words = line.split()
-                if len(words) >= 5 and words[0] == "rank" and words[2] == "on" and words[4] == "(pid":
-                    pids.setdefault(words[5].rstrip(")"), []).append((int(words[1].split("/")[0]), words[3]))
-    return pids
-
-
-def _tail(run: runs.Run, rank: int, n: int = 15) -> list[str]:
-    log = run.log(rank)
-    return log.read_text(errors="replace").splitlines()[-n:] if log.is_file() else []
-
-
-def attribute(run: runs.Run, plan: placement.Placement, outcome: Outcome, output: list[str],
-              watched: tuple[inventory.Host | None, str] | None, reported: list[failures.Failure] = ()) -> None:
-    """Name the failure: the earliest failure record a rank wrote (or rank 0 reported on its
-    stream, when its disk could not take the record) unless it only lost a peer, else what the
-    watcher saw, else the peer a rank lost, else the process Hydra reports as ended badly, else
-    the node whose ssh Hydra lost, else the rank that lost a peer."""
-    records = failures.read_all(run.path)
-    recorded = {f.rank for f in records}
-    if any(f.rank not in recorded for f in reported):
-        records = sorted([*records, *(f for f in reported if f.rank not in recorded)],
-                         key=lambda f: (f.kind != "ended-early", f.time))
-    done = failures.ended(run.path)
-    if records and records[0].kind != "ended-early" and done and len(done) < plan.np and "Horovod" in (records[0].traceback or records[0].error):
-        # A collective failed under the others after some ranks' scripts had returned; those may
-        # have been ended by Hydra before they could write their own record.
-        hosts = {rank: host for entries in _rank_pids(run).values() for rank, host in entries}
-        outcome.failed_rank, outcome.failed_host = done[0], hosts.get(done[0])
-        outcome.failed_error = ("its script ended while other ranks were still training - run the same collective steps "
-                                f"on every rank (rank {records[0].rank}: {records[0].error.splitlines()[0][:200]})")
-        outcome.log_tail = _tail(run, done[0])
-        return
-    causes = [f for f in records if f.lost_peer is None]
-    if causes:
-        first = causes[0]
-        return _name_rank(run, outcome, first, first.error + (f" - {first.fix}" if first.fix else ""))
-    if watched is not None:
-        host, why = watched
-        done = failures.ended(run.path)
-        if host is None and done and len(done) < plan.np:
-            waiting = sorted(set(range(plan.np)) - set(done))
-            why = (f"{why}; ranks {', '.join(map(str, done))} ended their script while ranks "
-                   f"{', '.join(map(str, waiting))} had not - a script must run the same collective steps on every rank")
-        outcome.failed_host, outcome.failed_error = (host.name if host else None), why
-        ranks = plan.ranks_on(host) if host else []
-        if ranks:
-            outcome.failed_rank = ranks[0]
-            outcome.log_tail = _tail(run, ranks[0])
-        else:
-            outcome.log_tail = output[-15:]
-        return
-    if records and _name_lost_peer(run, plan, outcome, records[0]):
-        return
-    text = "\n".join(output)
-    ended = mpi.terminated(text)
-    if ended is not None:
-        pid, entry, code = ended
-        outcome.failed_error = f"process {pid} ended abnormally" + (f" (exit code {code})" if code is not None else "")
-        # Hydra names the machinefile entry; the rank log knows the hostname. Pids can repeat
-        # across hosts, so only an unambiguous match names the rank.
-        candidates = _rank_pids(run).get(pid, [])
-        if len(candidates) == 1:
-            outcome.failed_rank, outcome.failed_host = candidates[0]
-            outcome.log_tail = _tail(run, outcome.failed_rank)
-            return
-        outcome.failed_host = getattr(runtimes.host_of(plan, entry), "name", entry)
-        outcome.log_tail = output[-15:]
-        return
-    lost = mpi.lost_node(text)
-    if lost is not None:
-        outcome.failed_host = getattr(runtimes.host_of(plan, lost), "name", lost)
-        outcome.failed_error = "lost its connection to mpirun"
-    elif records:
-        return _name_rank(run, outcome, records[0], records[0].headline)
-    outcome.log_tail = output[-15:]
-
-
-def _name_rank(run: runs.Run, outcome: Outcome, record: failures.Failure, error: str) -> None:
-    outcome.failed_rank, outcome.failed_host, outcome.failed_error = record.rank, record.host, error
-    outcome.log_tail = _tail(run, record.rank)
-
-
-def _name_lost_peer(run: runs.Run, plan: placement.Placement, outcome: Outcome, record: failures.Failure) -> bool:
-    """Name the node a rank lost its connection to: that rank only failed because its peer went
-    (killed, crashed, off the network), and the peer could not say so itself."""
-    peer = runtimes.host_of(plan, record.lost_peer) if record.lost_peer else None
-    if peer is None:
-        return False
-    ranks = plan.ranks_on(peer)
-    outcome.failed_host = peer.name
-    outcome.failed_rank = ranks[0] if len(ranks) == 1 else None
-    outcome.failed_error = f"it went away during a collective (rank {record.rank} on {record.host}: {record.headline})"
-    outcome.log_tail = _tail(run, ranks[0]) if ranks else []
-    return True
-
-
 def _die_with_parent() -> None:
     """In the child, before exec: end (SIGTERM) when this edgetrain dies, however it dies. Hydra
     then ends the ranks on the host runtime; on the docker runtime the ssh to the head goes, and
@@ -448,113 +347,149 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     Whatever the end (success, a failed rank or node, a hang, Ctrl-C), the runtime removes what
     it started and brings the rank logs into the run directory before this returns.
     """
-    run, rt = launch.run, launch.runtime
-    try:
-        run.update_info(status=State.RUNNING.value)
-    except EdgetrainError as exc:
-        # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
-        rt.stop()
-        problems = rt.finish(run)
-        launch.lock.release()
-        raise _unrecorded(launch, Outcome(run, 1, State.FAILED, cleanup_errors=problems), exc) from None
-    record_error: EdgetrainError | None = None
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    _mark_running(launch)
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    rt.attach(proc)
+                            text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    launch.runtime.attach(proc)
     watch = _Watch(launch, launch.request.hang_timeout)
     watch.start()
-    last: dict = {}
-    output: list[str] = []
-    state = State.FAILED
-    first_step = None
-    finished = False
-    reported: list[failures.Failure] = []
-    cleanup: list[str] = []
-    code = 1
+    seen = _Seen()
+    state, code = State.FAILED, 1
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
-                watch.last_output = time.monotonic()
-            for piece in progress.parse(line):
-                if isinstance(piece, str):
-                    output.append(piece)
-                    on_output(piece)
-                    continue
-                event = piece
-                if event["event"] in ("step", "keras") and first_step is None:
-                    first_step = time.monotonic() - launch.started
-                elif event["event"] == "epoch":
-                    last = event
-                elif event["event"] == "finished":
-                    finished = True
-                elif event["event"] == "failed":
-                    reported.append(failures.from_event(event))
-                    watch.rank_failed = watch.rank_failed or time.monotonic()
-                elif event["event"] == "start" and record_error is None:
-                    try:
-                        run.update_info(versions={**run.info().get("versions", {}), **event.get("versions", {})})
-                    except EdgetrainError as exc:
-                        # This machine's disk is full: a run it cannot record is ended now, cleanly.
-                        record_error = exc
-                        rt.stop()
-                on_event(event)
-        code = proc.wait()
-        if finished and code != 0:
-            # Every rank passed the final barrier: Hydra's complaint is about how they ended.
-            on_output(f"every rank finished; mpirun still exited with {code} (recorded as returncode in run.json)")
-            code = 0
+        _pump(launch, proc, watch, seen, on_event, on_output)
+        code = _exit_code(proc.wait(), seen, on_output)
         if code != 0 and watch.failure is None:
-            # Hydra often ends first when a node goes (its ssh connection closes), sometimes before
-            # Docker has recorded the container's end: look for the dead one for a few seconds.
-            deadline = time.monotonic() + 5
-            while watch.failure is None and time.monotonic() < deadline:
-                try:
-                    states = rt.states()
-                except EdgetrainError:
-                    break
-                dead = [st for st in states if not st.alive]
-                if dead:
-                    watch.failure = (dead[0].host, dead[0].detail)
-                elif not states:
-                    break  # nothing to watch (the host runtime)
-                else:
-                    time.sleep(0.5)
-        state = State.COMPLETED if code == 0 and watch.failure is None and record_error is None else State.FAILED
+            _await_dead_node(launch.runtime, watch)
+        state = State.COMPLETED if code == 0 and watch.failure is None and seen.record_error is None else State.FAILED
     except KeyboardInterrupt:
         state, code = State.INTERRUPTED, 130
-        rt.interrupt()
-        try:  # if the ranks do not end in time, the session goes
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _interrupt(launch.runtime, proc, grace)
     finally:
-        watch.finished.set()
-        # The watcher may be removing containers itself: let it finish before the final cleanup.
-        watch.join(timeout=120)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        cleanup = rt.finish(run)
-        try:
-            attempts = run.info().get("attempts", [])
-            if attempts:
-                attempts[-1]["first_step_s"] = round(first_step, 1) if first_step is not None else None
-            run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            returncode=proc.returncode, attempts=attempts)
-        except EdgetrainError as exc:
-            record_error = record_error or exc
-        finally:
-            launch.lock.release()
-    outcome = Outcome(run, code if state != State.FAILED or code != 0 else 1, state, last, cleanup_errors=cleanup)
+        cleanup = _finish(launch, proc, watch, seen, state)
+    outcome = Outcome(launch.run, code if state != State.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup)
     if state == State.FAILED:
-        attribute(run, launch.placement, outcome, output, watch.failure, reported)
-    if record_error is not None:
-        raise _unrecorded(launch, outcome, record_error)
+        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
+    if seen.record_error is not None:
+        raise _unrecorded(launch, outcome, seen.record_error)
     return outcome
+
+
+@dataclass
+class _Seen:
+    """What the supervising loop saw on mpirun's stream."""
+
+    last: dict = field(default_factory=dict)  # the last epoch's event
+    output: list[str] = field(default_factory=list)  # every line that was not an event
+    first_step: float | None = None  # seconds from the launch to the first step's event
+    finished: bool = False  # every rank passed the final barrier
+    reported: list[failures.Failure] = field(default_factory=list)  # failures rank 0 reported on its stream
+    record_error: EdgetrainError | None = None  # this machine could not record the run (a full disk)
+
+
+def _mark_running(launch: Launch) -> None:
+    try:
+        launch.run.update_info(status=State.RUNNING.value)
+    except EdgetrainError as exc:
+        # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
+        launch.runtime.stop()
+        problems = launch.runtime.finish(launch.run)
+        launch.lock.release()
+        raise _unrecorded(launch, Outcome(launch.run, 1, State.FAILED, cleanup_errors=problems), exc) from None
+
+
+def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on_event: Callable[[dict], None],
+          on_output: Callable[[str], None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
+            watch.last_output = time.monotonic()
+        for piece in progress.parse(line):
+            if isinstance(piece, str):
+                seen.output.append(piece)
+                on_output(piece)
+            else:
+                _observe(launch, watch, seen, piece)
+                on_event(piece)
+
+
+def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
+    kind = event["event"]
+    if kind in ("step", "keras") and seen.first_step is None:
+        seen.first_step = time.monotonic() - launch.started
+    elif kind == "epoch":
+        seen.last = event
+    elif kind == "finished":
+        seen.finished = True
+    elif kind == "failed":
+        seen.reported.append(failures.from_event(event))
+        watch.rank_failed = watch.rank_failed or time.monotonic()
+    elif kind == "start" and seen.record_error is None:
+        try:
+            launch.run.update_info(versions={**launch.run.info().get("versions", {}), **event.get("versions", {})})
+        except EdgetrainError as exc:
+            # This machine's disk is full: a run it cannot record is ended now, cleanly.
+            seen.record_error = exc
+            launch.runtime.stop()
+
+
+def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:
+    if seen.finished and code != 0:
+        # Every rank passed the final barrier: Hydra's complaint is about how they ended.
+        on_output(f"every rank finished; mpirun still exited with {code} (recorded as returncode in run.json)")
+        return 0
+    return code
+
+
+def _await_dead_node(rt: runtimes.Runtime, watch: _Watch, seconds: float = 5.0) -> None:
+    """Hydra often ends first when a node goes (its ssh connection closes), sometimes before
+    Docker has recorded the container's end: look for the dead one for a few seconds."""
+    deadline = time.monotonic() + seconds
+    while watch.failure is None and time.monotonic() < deadline:
+        try:
+            states = rt.states()
+        except EdgetrainError:
+            return
+        if not states:
+            return  # nothing to watch (the host runtime)
+        dead = [st for st in states if not st.alive]
+        if dead:
+            watch.failure = (dead[0].host, dead[0].detail)
+            return
+        time.sleep(0.5)
+
+
+def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> None:
+    rt.interrupt()
+    try:  # if the ranks do not end in time, the session goes
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: State) -> list[str]:
+    """After any end: the watcher stopped, mpirun gone, the runtime's cleanup, the end recorded
+    and the lock released. Returns the problems the cleanup met."""
+    watch.finished.set()
+    # The watcher may be removing containers itself: let it finish before the final cleanup.
+    watch.join(timeout=120)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    cleanup = launch.runtime.finish(launch.run)
+    try:
+        attempts = launch.run.info().get("attempts", [])
+        if attempts:
+            attempts[-1]["first_step_s"] = round(seen.first_step, 1) if seen.first_step is not None else None
+        launch.run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               returncode=proc.returncode, attempts=attempts)
+    except EdgetrainError as exc:
+        seen.record_error = seen.record_error or exc
+    finally:
+        launch.lock.release()
+    return cleanup
 
 
 def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) -> EdgetrainError:
@@ -562,9 +497,10 @@ def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) ->
     to go on. run.json keeps its last whole version."""
     state = outcome.state if outcome is not None else State.FAILED
     how = {State.COMPLETED: "completed", State.INTERRUPTED: "was interrupted"}.get(state, "failed")
-    if outcome is not None and outcome.failed_error is not None:
-        who = f"rank {outcome.failed_rank} on {outcome.failed_host}" if outcome.failed_rank is not None else outcome.failed_host
-        how += f" ({who + ': ' if who else ''}{outcome.failed_error})"
+    finding = outcome.finding if outcome is not None else None
+    if finding is not None and finding.error is not None:
+        who = f"rank {finding.rank} on {finding.host}" if finding.rank is not None else finding.host
+        how += f" ({who + ': ' if who else ''}{finding.error})"
     if outcome is not None and outcome.cleanup_errors:
         how += f" (cleanup: {'; '.join(outcome.cleanup_errors)})"
     cls = Interrupted if state is State.INTERRUPTED else EdgetrainError

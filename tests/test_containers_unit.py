@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from edgetrain import containers, datasets, failures, inventory, launch, placement, preflight, runs
+from edgetrain import blame, containers, datasets, failures, inventory, placement, preflight, runs
 from edgetrain.errors import EdgetrainError
 from edgetrain.inventory import Host, Inventory
 from edgetrain.remote import Nodes
@@ -78,18 +78,17 @@ def test_dataset_format_from_digests_hashed_on_a_node():
         datasets.choose_format("mnist", {"train-images-idx3-ubyte.gz": "0" * 64}, "pi1:/d/mnist", "stage it")
 
 
-def _outcome(tmp_path) -> launch.Outcome:
-    return launch.Outcome(runs.Run(tmp_path), 1, launch.State.FAILED)
+def _blame(tmp_path, plan, output) -> blame.Finding:
+    return blame.find(blame.Observed(runs.Run(tmp_path), plan, output))
 
 
 def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path):
     hosts = (host("head", groups=("head", "rpi")), host("node3"))  # addresses differ by name length
     plan = placement.plan(Inventory(Path("inv"), hosts), 2)
     out = [f"Connection to {hosts[1].address} closed by remote host.", "[mpiexec@head] control_cb: assert (!closed) failed"]
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, out, None)
-    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (None, "node3", "lost its connection to mpirun")
-    assert outcome.log_tail == out
+    found = _blame(tmp_path, plan, out)
+    assert (found.rank, found.host, found.error) == (None, "node3", "lost its connection to mpirun")
+    assert found.log_tail == tuple(out)
 
 
 def test_the_earliest_failure_record_is_named_not_hydras_view(tmp_path):
@@ -99,20 +98,18 @@ def test_the_earliest_failure_record_is_named_not_hydras_view(tmp_path):
     record = failures.path(tmp_path, 1)
     record.write_text(record.read_text().replace(str(first.time), str(first.time - 5)))
     (tmp_path / "rank.1.log").write_text("rank 1/3 on node2 (pid 77)\nTraceback ...\nValueError: first\n")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, ["PID 99 RUNNING AT 198.18.0.5", "EXIT CODE: 9"], None)
-    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (1, "node2", "ValueError: first")
-    assert outcome.log_tail[-1] == "ValueError: first"
+    found = _blame(tmp_path, plan, ["PID 99 RUNNING AT 198.18.0.5", "EXIT CODE: 9"])
+    assert (found.rank, found.host, found.error) == (1, "node2", "ValueError: first")
+    assert found.log_tail[-1] == "ValueError: first"
 
 
 def test_a_damaged_failure_record_is_skipped_and_hydras_report_names_the_rank(tmp_path):
     plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
     failures.path(tmp_path, 0).write_text("{not json")
     (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 4242)\ntraining\n")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, ["BAD TERMINATION", "PID 4242 RUNNING AT 198.18.0.5", "EXIT CODE: 9"], None)
-    assert (outcome.failed_rank, outcome.failed_host) == (1, "node2")
-    assert outcome.failed_error == "process 4242 ended abnormally (exit code 9)"
+    found = _blame(tmp_path, plan, ["BAD TERMINATION", "PID 4242 RUNNING AT 198.18.0.5", "EXIT CODE: 9"])
+    assert (found.rank, found.host) == (1, "node2")
+    assert found.error == "process 4242 ended abnormally (exit code 9)"
 
 
 GLOO_RESET = ("UnknownError: Graph execution error:\n\nDetected at node HorovodAllreduce_grads_6_0 defined at ...\n"
@@ -130,30 +127,27 @@ def test_a_rank_that_lost_its_peer_names_the_peer_not_itself(tmp_path):
     hosts, plan = three_nodes()
     failures.write(tmp_path, 1, "n2", GLOO_RESET.format(peer=hosts[2].address), "Traceback ...")
     (tmp_path / "rank.2.log").write_text("rank 2/3 on node03 (pid 47)\n")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, ["BAD TERMINATION", f"PID 50 RUNNING AT {hosts[1].address}"], None)
-    assert (outcome.failed_rank, outcome.failed_host) == (2, "node03")
-    assert outcome.failed_error == (f"it went away during a collective (rank 1 on n2: Read error [{hosts[2].address}]:20128: "
+    found = _blame(tmp_path, plan, ["BAD TERMINATION", f"PID 50 RUNNING AT {hosts[1].address}"])
+    assert (found.rank, found.host) == (2, "node03")
+    assert found.error == (f"it went away during a collective (rank 1 on n2: Read error [{hosts[2].address}]:20128: "
                                     "Connection reset by peer)")
-    assert outcome.log_tail == ["rank 2/3 on node03 (pid 47)"]
+    assert found.log_tail == ("rank 2/3 on node03 (pid 47)",)
 
 
 def test_a_rank_that_failed_by_itself_is_named_before_one_that_lost_it(tmp_path):
     hosts, plan = three_nodes()
     failures.write(tmp_path, 0, "node1", GLOO_RESET.format(peer=hosts[2].address), "Traceback ...")
     failures.write(tmp_path, 2, "node03", "MemoryError: out of memory", "Traceback ...")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
-    assert (outcome.failed_rank, outcome.failed_host, outcome.failed_error) == (2, "node03", "MemoryError: out of memory")
+    found = _blame(tmp_path, plan, [])
+    assert (found.rank, found.host, found.error) == (2, "node03", "MemoryError: out of memory")
 
 
 def test_a_lost_peer_outside_the_plan_leaves_the_rank_that_saw_it_in_one_line(tmp_path):
     _, plan = three_nodes()
     failures.write(tmp_path, 1, "n2", GLOO_RESET.format(peer="198.18.9.9"), "Traceback ...")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
-    assert (outcome.failed_rank, outcome.failed_host) == (1, "n2")
-    assert outcome.failed_error == "Read error [198.18.9.9]:20128: Connection reset by peer"
+    found = _blame(tmp_path, plan, [])
+    assert (found.rank, found.host) == (1, "n2")
+    assert found.error == "Read error [198.18.9.9]:20128: Connection reset by peer"
 
 
 class ScriptedMpirun:
@@ -191,16 +185,14 @@ def test_a_rank_that_ended_early_is_named_when_hydra_ended_it_before_it_could_sa
     failures.write(tmp_path, 0, "head", "FailedPreconditionError: Mismatched data types", "... HorovodAllreduce ...")
     failures.mark_ended(tmp_path, 1)
     (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 4242)\n")
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
-    assert (outcome.failed_rank, outcome.failed_host) == (1, "node2")
-    assert outcome.failed_error.startswith("its script ended while other ranks were still training")
+    found = _blame(tmp_path, plan, [])
+    assert (found.rank, found.host) == (1, "node2")
+    assert found.error.startswith("its script ended while other ranks were still training")
 
 
 def test_an_exception_after_other_ranks_finished_is_still_the_cause(tmp_path):
     plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
     failures.write(tmp_path, 0, "head", "OSError: disk full", "Traceback ... OSError: disk full")
     failures.mark_ended(tmp_path, 1)
-    outcome = _outcome(tmp_path)
-    launch.attribute(runs.Run(tmp_path), plan, outcome, [], None)
-    assert (outcome.failed_rank, outcome.failed_error) == (0, "OSError: disk full")
+    found = _blame(tmp_path, plan, [])
+    assert (found.rank, found.error) == (0, "OSError: disk full")
