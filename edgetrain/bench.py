@@ -252,7 +252,7 @@ class Bench:
         probe = Program("allreduce", tuple(args), module="edgetrain.allreduce")
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
-        if outcome.state is not launch.State.COMPLETED or not found:
+        if outcome.state is not runs.Status.COMPLETED or not found:
             raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.error or outcome.state.value})",
                                  f"its logs: {run.path}")
         e = found[-1]
@@ -273,7 +273,7 @@ class Bench:
         run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
-        if outcome.state is not launch.State.COMPLETED:
+        if outcome.state is not runs.Status.COMPLETED:
             self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.error or ''}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",

@@ -42,7 +42,7 @@ class Observed:
         recorded = {f.rank for f in records}
         if any(f.rank not in recorded for f in self.reported):
             records = sorted([*records, *(f for f in self.reported if f.rank not in recorded)],
-                             key=lambda f: (f.kind != "ended-early", f.time))
+                             key=lambda f: (f.kind is not failures.Kind.ENDED_EARLY, f.time))
         return records
 
     @cached_property
@@ -80,7 +80,7 @@ def collective_after_a_script_ended(o: Observed) -> Finding | None:
     """A collective failed under the others after some ranks' scripts had returned; those may
     have been ended by Hydra before they could write their own record."""
     first = o.records[0] if o.records else None
-    if first is None or first.kind == "ended-early" or not o.ended or len(o.ended) >= o.plan.np:
+    if first is None or first.kind is failures.Kind.ENDED_EARLY or not o.ended or len(o.ended) >= o.plan.np:
         return None
     if "Horovod" not in (first.traceback or first.error):
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import shlex
 import signal
@@ -126,12 +127,12 @@ def run(
         outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     for problem in outcome.cleanup_errors:
         err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
-    if outcome.state is launch.State.COMPLETED:
+    if outcome.state is runs.Status.COMPLETED:
         m = outcome.last_metrics
         done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if "val_accuracy" in m else ""
         console.print(f"run {started.run.id} completed{done}")
         return
-    if outcome.state is launch.State.INTERRUPTED:
+    if outcome.state is runs.Status.INTERRUPTED:
         raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
     found = outcome.finding
     for line in found.log_tail if found else ():
@@ -280,16 +281,22 @@ def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The
         raise EdgetrainError("some containers could not be removed (see above)")
 
 
+JsonOpt = Annotated[bool, typer.Option("--json", help=f"Print JSON (schema {runs.SCHEMA}) instead of a table.")]
+
+
 @runs_app.command("list")
-def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
+def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> None:
     """One line per run."""
+    summaries = [runs.summarize(r) for r in runs.all_runs(runs_dir)]
+    if as_json:
+        print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries]}, indent=1))
+        return
     table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
     table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
     problems = []
-    for r in runs.all_runs(runs_dir):
-        s = runs.summarize(r)
+    for s in summaries:
         problems += s.problems
-        table.add_row(s.id, s.job, s.status, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
+        table.add_row(s.id, s.job, s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
                       f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
     console.print(table)
     for problem in problems:
@@ -297,13 +304,19 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs")) -> None:
 
 
 @runs_app.command("show")
-def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs")) -> None:
+def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs"),
+              as_json: JsonOpt = False) -> None:
     """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
     r = runs.find(runs_dir, run_id)
     info = r.info()
+    if as_json:
+        print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": info,
+                          "metrics": r.metrics(), "evaluations": r.evaluations(), "outputs": collecting.outputs_of(r)},
+                         indent=1, default=str))
+        return
     where = info.get("placement", {})
-    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {r.status()}  ({r.path})", highlight=False)
-    if r.status() == "abandoned":
+    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {r.status().value}  ({r.path})", highlight=False)
+    if r.status() is runs.Status.ABANDONED:
         console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
                       f"{launch.command_of(r, str(info.get('job')))}", markup=False, highlight=False)
     program = info.get("program", {})

@@ -6,6 +6,7 @@ left in a log by an earlier attempt can never be blamed (a rank clears its recor
 
 from __future__ import annotations
 
+import enum
 import errno
 import json
 import os
@@ -21,6 +22,15 @@ LOST_PEER = re.compile(r"(?:Read|Write|Connect) error \[([0-9a-fA-F.:]+)\]:\d+: 
                        r"|Connection (?:reset|closed) by peer|Horovod has been shut down[^\n]*")
 
 
+class Kind(str, enum.Enum):
+    EXCEPTION = "exception"  # the program raised
+    EXIT = "exit"  # the program exited with a non-zero status
+    NO_INIT = "no-init"  # it ended cleanly without what its strategy needs (strategies.Unmet)
+    # Its script returned while the others were still in a collective. Its peers then fail too,
+    # but it is the cause.
+    ENDED_EARLY = "ended-early"
+
+
 @dataclass(frozen=True)
 class Failure:
     rank: int
@@ -30,9 +40,10 @@ class Failure:
     time: float
     fix: str | None = None
     traceback: str | None = None
-    # "exception", "exit", "no-init", or "ended-early": a rank whose script returned while the
-    # others were still in a collective. Its peers then fail too, but it is the cause.
-    kind: str = "exception"
+    kind: Kind = Kind.EXCEPTION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))  # read back from JSON as its value
 
     @property
     def lost_peer(self) -> str | None:
@@ -50,7 +61,7 @@ class Failure:
         return self.error if m is None else m.group(0).strip()
 
     def _lost(self) -> re.Match | None:
-        if self.kind != "exception":
+        if self.kind is not Kind.EXCEPTION:
             return None
         return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
 
@@ -66,7 +77,7 @@ def clear(run_dir: Path, rank: int) -> None:
 
 
 def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None,
-          kind: str = "exception") -> Failure:
+          kind: Kind = Kind.EXCEPTION) -> Failure:
     f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind)
     # A full disk must not keep a failing rank from ending: what cannot be written is given up.
     tmp = run_dir / f".rank.{rank}.failure.json.tmp"
@@ -88,6 +99,8 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
 def from_event(event: dict) -> Failure:
     """The failure a rank reported as an event (``failed``) on the launcher's stream."""
     fields = {k: event.get(k) for k in Failure.__dataclass_fields__ if k in event}
+    if fields.get("kind") not in {k.value for k in Kind}:
+        fields.pop("kind", None)
     fields.setdefault("pid", 0)
     fields.setdefault("time", time.time())
     fields.setdefault("host", "?")
@@ -142,4 +155,4 @@ def read_all(run_dir: Path) -> list[Failure]:
             found.append(Failure(**json.loads(p.read_text())))
         except (OSError, ValueError, TypeError):
             continue
-    return sorted(found, key=lambda f: (f.kind != "ended-early", f.time))
+    return sorted(found, key=lambda f: (f.kind is not Kind.ENDED_EARLY, f.time))

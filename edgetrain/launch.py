@@ -8,7 +8,6 @@ its end (completed, failed, interrupted), and the runtime removes what it starte
 from __future__ import annotations
 
 import ctypes
-import enum
 import json
 import os
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 from . import __version__, blame, checkpoints, failures, inventory, placement, progress, requirements, runs, runtimes, workdir
 from .errors import EdgetrainError, Interrupted, UsageError
 from .program import Program
+from .runs import Status
 from .strategies import DEFAULT, STRATEGIES
 
 
@@ -74,19 +74,11 @@ class Launch:
 HOROVOD_STALL = "submitted to be reduced, gathered or broadcasted by subset of ranks"
 
 
-class State(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-
-
 @dataclass
 class Outcome:
     run: runs.Run
     returncode: int
-    state: State
+    state: Status
     last_metrics: dict = field(default_factory=dict)
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
@@ -230,7 +222,7 @@ def prepare(req: RunRequest) -> Launch:
         try:
             rt.start(run)
         except EdgetrainError as exc:
-            run.update_info(status=State.FAILED.value, error=str(exc))
+            run.update_info(status=Status.FAILED.value, error=str(exc))
             raise
         launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, started)
         _record(launch, inv)
@@ -280,7 +272,7 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
         placement=where,
         versions={"edgetrain": __version__, **rt.versions},
         attempts=previous.get("attempts", []) + [attempt],
-        status=State.STARTING.value,
+        status=Status.STARTING.value,
         **recorded,
     )
 FAILED_GRACE = 30.0
@@ -356,20 +348,20 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     watch = _Watch(launch, launch.request.hang_timeout)
     watch.start()
     seen = _Seen()
-    state, code = State.FAILED, 1
+    state, code = Status.FAILED, 1
     try:
         _pump(launch, proc, watch, seen, on_event, on_output)
         code = _exit_code(proc.wait(), seen, on_output)
         if code != 0 and watch.failure is None:
             _await_dead_node(launch.runtime, watch)
-        state = State.COMPLETED if code == 0 and watch.failure is None and seen.record_error is None else State.FAILED
+        state = Status.COMPLETED if code == 0 and watch.failure is None and seen.record_error is None else Status.FAILED
     except KeyboardInterrupt:
-        state, code = State.INTERRUPTED, 130
+        state, code = Status.INTERRUPTED, 130
         _interrupt(launch.runtime, proc, grace)
     finally:
         cleanup = _finish(launch, proc, watch, seen, state)
-    outcome = Outcome(launch.run, code if state != State.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup)
-    if state == State.FAILED:
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup)
+    if state == Status.FAILED:
         outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
     if seen.record_error is not None:
         raise _unrecorded(launch, outcome, seen.record_error)
@@ -390,13 +382,13 @@ class _Seen:
 
 def _mark_running(launch: Launch) -> None:
     try:
-        launch.run.update_info(status=State.RUNNING.value)
+        launch.run.update_info(status=Status.RUNNING.value)
     except EdgetrainError as exc:
         # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
         launch.runtime.stop()
         problems = launch.runtime.finish(launch.run)
         launch.lock.release()
-        raise _unrecorded(launch, Outcome(launch.run, 1, State.FAILED, cleanup_errors=problems), exc) from None
+        raise _unrecorded(launch, Outcome(launch.run, 1, Status.FAILED, cleanup_errors=problems), exc) from None
 
 
 def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on_event: Callable[[dict], None],
@@ -469,7 +461,7 @@ def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> No
         proc.wait()
 
 
-def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: State) -> list[str]:
+def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: Status) -> list[str]:
     """After any end: the watcher stopped, mpirun gone, the runtime's cleanup, the end recorded
     and the lock released. Returns the problems the cleanup met."""
     watch.finished.set()
@@ -495,14 +487,14 @@ def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, 
 def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) -> EdgetrainError:
     """One line for a run this machine could not record (its disk is full): how it ended, and how
     to go on. run.json keeps its last whole version."""
-    state = outcome.state if outcome is not None else State.FAILED
-    how = {State.COMPLETED: "completed", State.INTERRUPTED: "was interrupted"}.get(state, "failed")
+    state = outcome.state if outcome is not None else Status.FAILED
+    how = {Status.COMPLETED: "completed", Status.INTERRUPTED: "was interrupted"}.get(state, "failed")
     finding = outcome.finding if outcome is not None else None
     if finding is not None and finding.error is not None:
         who = f"rank {finding.rank} on {finding.host}" if finding.rank is not None else finding.host
         how += f" ({who + ': ' if who else ''}{finding.error})"
     if outcome is not None and outcome.cleanup_errors:
         how += f" (cleanup: {'; '.join(outcome.cleanup_errors)})"
-    cls = Interrupted if state is State.INTERRUPTED else EdgetrainError
-    fix = exc.fix if state is State.COMPLETED else f"{exc.fix}, then resume with: {launch.resume_command}"
+    cls = Interrupted if state is Status.INTERRUPTED else EdgetrainError
+    fix = exc.fix if state is Status.COMPLETED else f"{exc.fix}, then resume with: {launch.resume_command}"
     return cls(f"run {launch.run.id} {how}, and this machine could not record it: {exc.problem}", fix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import json
 import os
@@ -14,6 +15,24 @@ from pathlib import Path
 
 from . import checkpoints
 from .errors import EdgetrainError, UsageError
+
+
+SCHEMA = 1  # of what ``runs list --json`` and ``runs show --json`` print
+
+
+class Status(str, enum.Enum):
+    """A run's status. Recorded in run.json: STARTING (checks passed, containers starting) ->
+    RUNNING (mpirun started) -> COMPLETED, FAILED or INTERRUPTED; a resume starts again at
+    STARTING. Read, never recorded: ABANDONED (STARTING or RUNNING, but no command holds the run:
+    its edgetrain was killed or lost power) and DAMAGED (run.json unreadable)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+    DAMAGED = "damaged"
 
 
 def default_root() -> Path:
@@ -153,12 +172,15 @@ class Run:
         finally:
             os.close(fd)
 
-    def status(self) -> str:
-        """The recorded status, except that a run nobody holds is not still going: "abandoned" (its
-        edgetrain was killed or lost power before it could record an outcome)."""
-        status = self.info().get("status", "?")
-        if status in ("starting", "running") and not self.live():
-            return "abandoned"
+    def status(self) -> Status:
+        """The recorded status, except that a run nobody holds is not still going (ABANDONED), and
+        a status this version does not know is DAMAGED."""
+        try:
+            status = Status(self.info().get("status"))
+        except ValueError:
+            return Status.DAMAGED
+        if status in (Status.STARTING, Status.RUNNING) and not self.live():
+            return Status.ABANDONED
         return status
 
     def logs(self) -> list[Path]:
@@ -235,12 +257,15 @@ def all_runs(root: Path) -> list[Run]:
 class Summary:
     id: str
     job: str
-    status: str
+    status: Status
     epochs: int
     val_accuracy: float | None
     images_per_sec: float | None
     checkpoint: int | None
     problems: tuple[str, ...] = ()  # what could not be read, one line each
+
+    def as_json(self) -> dict:
+        return {**self.__dict__, "status": self.status.value, "problems": list(self.problems)}
 
 
 def summarize(run: Run) -> Summary:
@@ -250,7 +275,7 @@ def summarize(run: Run) -> Summary:
         info = run.info()
         status = run.status()
     except EdgetrainError as exc:
-        info, status = {}, "damaged"
+        info, status = {}, Status.DAMAGED
         problems.append(str(exc))
     metrics = run.metrics()
     problems += [f"run {run.id}: metrics.jsonl line {n} is damaged (left out)" for n in run.damaged_metrics()]

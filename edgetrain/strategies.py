@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from .failures import Kind
+
 if TYPE_CHECKING:
     from .placement import Placement
 
@@ -27,7 +29,7 @@ class Unmet:
 
     error: str
     fix: str
-    kind: str
+    kind: Kind
 
 
 class Strategy:
@@ -76,7 +78,7 @@ class Horovod(Strategy):
         if size > 1 and horovod_module() is None:
             return Unmet("the script ended without calling hvd.init(), so every rank trained alone",
                          "call hvd.init() and wrap the optimizer in hvd.DistributedOptimizer (see examples/), "
-                         "or pass --strategy tf-multiworker", "no-init")
+                         "or pass --strategy tf-multiworker", Kind.NO_INIT)
         return None
 
 

@@ -257,7 +257,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
-            _failed(run_dir, rank, host, events, exc, error=f"the program exited with status {exc.code}", tb=None, kind="exit")
+            _failed(run_dir, rank, host, events, exc, error=f"the program exited with status {exc.code}", tb=None, kind=failures.Kind.EXIT)
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
         _failed(run_dir, rank, host, events, exc)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
@@ -284,7 +284,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             said = str(exc).split("}}")[-1].strip().splitlines()[0] if str(exc) else type(exc).__name__
             failures.write(run_dir, rank, host, "its script ended while other ranks were still training",
                            traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
-                           kind="ended-early")
+                           kind=failures.Kind.ENDED_EARLY)
             code = 1
     return code
 

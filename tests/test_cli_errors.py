@@ -322,3 +322,28 @@ def test_runs_show_says_when_the_target_was_reached_and_old_runs_still_read(exis
     shown = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
     assert ("98.5% val accuracy not reached in 1 evaluation; best 97.50% at 61.3 s from the first step, 22,528 images, "
             "epoch 1 step 176") in shown.stdout
+
+
+def test_runs_as_json_carry_every_status_and_what_is_damaged(existing_runs):
+    """`runs list --json` and `runs show --json`: what scripts and the cluster tests read, never the console's table."""
+    abandoned = existing_runs / "20260103-000000-lenet-0001"  # its edgetrain died while it ran: nobody holds it
+    abandoned.mkdir()
+    (abandoned / "run.json").write_text('{"id": "20260103-000000-lenet-0001", "job": "lenet", "status": "running"}\n')
+    damaged = existing_runs / "20260104-000000-lenet-0002"
+    damaged.mkdir()
+    (damaged / "run.json").write_text('{"id": "20260104-')
+    listed = edgetrain("runs", "list", "--json", "--runs-dir", str(existing_runs))
+    assert listed.returncode == 0, listed.stderr
+    out = json.loads(listed.stdout)
+    assert out["schema"] == 1
+    by_id = {r["id"]: r for r in out["runs"]}
+    assert {i: r["status"] for i, r in by_id.items()} == {"20260101-000000-lenet-abcd": "completed",
+                                                         "20260103-000000-lenet-0001": "abandoned",
+                                                         "20260104-000000-lenet-0002": "damaged"}
+    assert by_id["20260101-000000-lenet-abcd"]["checkpoint"] == 1 and by_id["20260101-000000-lenet-abcd"]["epochs"] == 1
+    assert "no readable run.json" in by_id["20260104-000000-lenet-0002"]["problems"][0]
+    shown = edgetrain("runs", "show", "20260101", "--json", "--runs-dir", str(existing_runs))
+    assert shown.returncode == 0, shown.stderr
+    run = json.loads(shown.stdout)
+    assert (run["schema"], run["id"], run["status"]) == (1, "20260101-000000-lenet-abcd", "completed")
+    assert run["record"]["job"] == "lenet" and run["metrics"] == [{"epoch": 1, "loss": 0.1}]

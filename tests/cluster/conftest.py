@@ -211,6 +211,18 @@ class Cluster:
     def run_json(self, run_id: str) -> dict:
         return json.loads((self.runs / run_id / "run.json").read_text())
 
+    def run_ids(self) -> set[str]:
+        """The runs in this cluster's runs directory, as ``edgetrain runs list --json`` lists them."""
+        listed = edgetrain("runs", "list", "--json", env=self.env)
+        assert listed.returncode == 0, listed.stderr
+        return {r["id"] for r in json.loads(listed.stdout)["runs"]}
+
+    def new_run(self, before: set[str]) -> str:
+        """The one run made since ``before`` was listed."""
+        made = self.run_ids() - before
+        assert len(made) == 1, f"runs made meanwhile: {sorted(made)}"
+        return made.pop()
+
 
 @pytest.fixture(scope="session")
 def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
@@ -227,7 +239,3 @@ def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_pa
     return cluster
 
 
-
-
-def run_id_of(stdout: str) -> str:
-    return next(line.split()[1].rstrip(":") for line in stdout.splitlines() if line.startswith("run "))

@@ -16,7 +16,6 @@ import pytest
 from edgetrain import runs
 from tests.conftest import edgetrain
 
-from .conftest import run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -35,14 +34,14 @@ def test_doctor_checks_every_node_and_probes_mpi_in_containers(cluster):
 @pytest.fixture(scope="module")
 def trained(cluster, report) -> str:
     """One LeNet run across the three nodes, its link traffic measured."""
-    before = cluster.bed.link_bytes()
+    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
     start = time.monotonic()
     r = edgetrain("run", "lenet", "--np", "4", "-i", cluster.inventory, "--epochs", "2", "--max-steps", "40",
                   env=cluster.env, timeout=1200)
     seconds = time.monotonic() - start
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout + r.stderr
-    run_id = run_id_of(r.stdout)
+    run_id = cluster.new_run(runs_before)
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     info = cluster.run_json(run_id)
     report["container run, lenet np 4 on 3 nodes, 2 x 40 steps"] = (

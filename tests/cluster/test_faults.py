@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, edgetrain
 
-from .conftest import Cluster, run_id_of
+from .conftest import Cluster
 from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -40,6 +40,7 @@ class LongRun:
 
     def __init__(self, c: Cluster, *extra: str, epochs: int = 40) -> None:
         self.c = c
+        self.runs_before = c.run_ids()
         cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", *NP, "-i", c.inventory, "--epochs", str(epochs),
                *STEPS, *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -71,8 +72,8 @@ class LongRun:
             time.sleep(0.5)
 
     def run_id(self) -> str:
-        self._until("run id", lambda: any(line.startswith("run ") for line in self.out), 600)
-        return run_id_of("".join(self.out))
+        self._until("run id", lambda: self.c.run_ids() - self.runs_before, 600)
+        return self.c.new_run(self.runs_before)
 
     def checkpoint(self, epoch: int = 1) -> str:
         rid = self.run_id()

@@ -12,7 +12,6 @@ import pytest
 from edgetrain import runs
 from tests.conftest import ROOT, edgetrain
 
-from .conftest import run_id_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -56,14 +55,14 @@ def test_a_script_whose_requirement_the_image_lacks_is_refused_with_the_fix(clus
 
 
 def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(cluster, extra_inventory, project, report, tmp_path):
-    before = cluster.bed.link_bytes()
+    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
     start = time.monotonic()
     r = edgetrain("run", str(project / "train.py"), "--np", "4", "-i", extra_inventory,
                   "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
     seconds = time.monotonic() - start
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = run_id_of(r.stdout)
+    run_id = cluster.new_run(runs_before)
     info = cluster.run_json(run_id)
     assert info["status"] == "completed" and info["kind"] == "script"
     assert info["program"]["requirements"] == ["tabulate==0.9.0"]
@@ -86,23 +85,24 @@ def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(clu
     again = edgetrain("collect", run_id, "-i", extra_inventory, "--dest", str(tmp_path), env=cluster.env)
     assert again.returncode == 0 and " 0 files copied" in again.stdout, again.stdout
 
+    runs_before = cluster.run_ids()
     second = edgetrain("run", str(project / "train.py"), "--np", "4", "-i", extra_inventory,
                        "--", "--epochs", "1", "--steps-per-epoch", "5", env=cluster.env, timeout=1200)
     assert second.returncode == 0, second.stderr[-3000:]
     for node in ("node1", "node2", "node3"):
         assert f"{node}: working directory 3 files, 0 shipped" in second.stdout, second.stdout
-    again_shipped = cluster.run_json(run_id_of(second.stdout))["attempts"][-1]["shipped"]
+    again_shipped = cluster.run_json(cluster.new_run(runs_before))["attempts"][-1]["shipped"]
     report["working directory, second run"] = ", ".join(f"{s['host']} {s['files']} files in {s['seconds']:.2f} s" for s in again_shipped)
     assert cluster.leftovers() == {}
 
 
 def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
-    before = cluster.bed.link_bytes()
+    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
     r = edgetrain("run", str(ROOT / "examples" / "multiworker" / "train.py"), "--np", "4", "--strategy", "tf-multiworker",
                   "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = run_id_of(r.stdout)
+    run_id = cluster.new_run(runs_before)
     assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 50 and moved["node3"] > 50, moved
@@ -111,12 +111,13 @@ def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
 
 
 def test_a_script_that_raises_on_a_worker_node_is_named_and_nothing_is_left(cluster):
+    runs_before = cluster.run_ids()
     r = edgetrain("run", str(ROOT / "tests" / "scripts" / "raises.py"), "--np", "4", "-i", cluster.inventory,
                   "--", "--rank", "3", env=cluster.env, timeout=600)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert "rank 3 on node3 failed: ValueError: bad batch on rank 3" in last, r.stderr[-3000:]
-    assert (cluster.runs / run_id_of(r.stdout) / "rank.3.failure.json").is_file()  # came home from node3
+    assert (cluster.runs / cluster.new_run(runs_before) / "rank.3.failure.json").is_file()  # came home from node3
     assert cluster.leftovers() == {}
 
 
@@ -144,12 +145,12 @@ def test_the_same_model_trains_with_horovod_and_with_multiworker(cluster, report
     script = str(ROOT / "examples" / "lenet_strategies" / "train.py")
     figures = {}
     for strategy in ("horovod", "tf-multiworker"):
-        before = cluster.bed.link_bytes()
+        before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
         r = edgetrain("run", script, "--np", "4", "--strategy", strategy, "-i", cluster.inventory,
                       "--", "--epochs", "2", "--steps-per-epoch", "40", env=cluster.env, timeout=1200)
         after = cluster.bed.link_bytes()
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        metrics = runs.Run(cluster.runs / run_id_of(r.stdout)).metrics()  # the epochs' lines
+        metrics = runs.Run(cluster.runs / cluster.new_run(runs_before)).metrics()  # the epochs' lines
         assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["ranks"] == 4
         moved = {n: (after[n] - before[n]) / 1e6 for n in after}
         assert moved["node3"] > 100, moved
