@@ -26,8 +26,7 @@ from . import doctor as doctoring
 from . import images as imaging
 from . import inventory as inventories
 from .errors import EdgetrainError, Interrupted, UsageError
-from .learning_rate import WARMUP_EPOCHS
-from .program import JobOptions
+from .job_options import JobOptions, with_job_options
 from .progress import ConsoleProgress
 from .strategies import DEFAULT, STRATEGIES
 from .remote import Nodes
@@ -46,22 +45,10 @@ InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help=
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
 GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
-EpochsOpt = Annotated[Optional[int], typer.Option(help="Jobs: train until this many epochs are done (default 1).")]
-BatchOpt = Annotated[Optional[int], typer.Option(help="Jobs: per-rank batch size (lenet 64, fashion 32); the learning rate scales with it.")]
-MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Jobs: at most this many training steps and validation batches per epoch.")]
-SeedOpt = Annotated[int, typer.Option(help="Jobs: random seed (bench: of its first try; try k uses SEED + k - 1).")]
-WarmupOpt = Annotated[float, typer.Option(help="Jobs: epochs of linear learning-rate warmup to the scaled rate.")]
-LrScalingOpt = Annotated[float, typer.Option(metavar="POWER", help="Jobs: the learning rate grows with the images an update averages (ranks x accumulated batches x batch size / the job's) to this power: 1 linear, 0.5 square root, 0 not at all.")]
-EvalEveryOpt = Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: also evaluate every this many training steps, not only after each epoch (time to --target-accuracy in steps, not epochs).")]
-EvalExamplesOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).")]
-Fp16Opt = Annotated[bool, typer.Option("--fp16-allreduce", help="Jobs: send gradients as float16 (Horovod's fp16 compression).")]
-BackwardPassesOpt = Annotated[int, typer.Option(metavar="N", help="Jobs: accumulate N batches' gradients per allreduce and update; the learning rate scales with ranks x N.")]
-StepsPerExecutionOpt = Annotated[int, typer.Option(metavar="N", help="Jobs: training steps per call of the compiled step function (Keras' steps_per_execution): Python's per-step cost is paid once per N.")]
-TfThreadsOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Jobs: TensorFlow's intra-op threads per rank (default: the node's cores divided among its ranks).")]
-JobOptionOpt = Annotated[Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help="Jobs: an option the job declares (fashion: depth=2, width=16); repeatable.")]
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@with_job_options("run", programs.parse_options)
 def run(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
     script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
@@ -76,29 +63,12 @@ def run(
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
-    epochs: EpochsOpt = None,
-    batch_size: BatchOpt = None,
-    max_steps: MaxStepsOpt = None,
-    seed: SeedOpt = 42,
-    target_accuracy: Annotated[Optional[float], typer.Option(help="Jobs: stop once the averaged validation accuracy reaches this fraction.")] = None,
-    warmup_epochs: WarmupOpt = WARMUP_EPOCHS,
-    lr_scaling: LrScalingOpt = 1.0,
-    eval_every: EvalEveryOpt = None,
-    eval_examples: EvalExamplesOpt = None,
-    fp16_allreduce: Fp16Opt = False,
-    backward_passes_per_step: BackwardPassesOpt = 1,
-    steps_per_execution: StepsPerExecutionOpt = 8,
-    tf_threads: TfThreadsOpt = None,
-    option: JobOptionOpt = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
+    options: JobOptions = JobOptions(),
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
-    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
-                         eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
-                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
-                         lr_scaling=lr_scaling, tf_threads=tf_threads)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -149,6 +119,7 @@ def run(
 
 
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@with_job_options("bench", programs.parse_options)
 def bench(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks).")] = "lenet",
     script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
@@ -156,28 +127,11 @@ def bench(
     group: GroupOpt = None,
     nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
-    target_accuracy: Annotated[Optional[float], typer.Option(help="Time to this rank-averaged validation accuracy (default: the job's, lenet 0.985).")] = None,
-    epochs: EpochsOpt = None,
-    batch_size: BatchOpt = None,
-    max_steps: MaxStepsOpt = None,
-    seed: SeedOpt = 42,
-    warmup_epochs: WarmupOpt = WARMUP_EPOCHS,
-    lr_scaling: LrScalingOpt = 1.0,
-    eval_every: Annotated[Optional[int], typer.Option(metavar="STEPS", help="Jobs: evaluate every this many steps (default: four times an epoch).")] = None,
-    eval_examples: EvalExamplesOpt = None,
-    fp16_allreduce: Fp16Opt = False,
-    backward_passes_per_step: BackwardPassesOpt = 1,
-    steps_per_execution: StepsPerExecutionOpt = 8,
-    tf_threads: TfThreadsOpt = None,
-    option: JobOptionOpt = None,
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
+    options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
-    options = JobOptions(epochs, batch_size, max_steps, seed, target_accuracy, warmup_epochs, programs.parse_options(option or []),
-                         eval_every=eval_every, eval_examples=eval_examples, fp16_allreduce=fp16_allreduce,
-                         backward_passes_per_step=backward_passes_per_step, steps_per_execution=steps_per_execution,
-                         lr_scaling=lr_scaling, tf_threads=tf_threads)
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,

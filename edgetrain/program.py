@@ -7,35 +7,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import jobs
+from . import job_options, jobs
 from .datasets import DATASETS, TRAIN_EXAMPLES
 from .errors import UsageError
-from .learning_rate import WARMUP_EPOCHS
-
-@dataclass(frozen=True)
-class JobOptions:
-    """The built-in jobs' options; a user script takes its own after ``--``."""
-
-    epochs: int | None = None
-    batch_size: int | None = None
-    max_steps: int | None = None
-    seed: int = 42
-    target_accuracy: float | None = None
-    warmup_epochs: float = WARMUP_EPOCHS
-    extra: dict = field(default_factory=dict)  # the job's own, as declared in its JobSpec (``-o width=8``)
-    eval_every: int | None = None
-    eval_examples: int | None = None
-    fp16_allreduce: bool = False
-    backward_passes_per_step: int = 1
-    steps_per_execution: int = 8
-    lr_scaling: float = 1.0
-    tf_threads: int | None = None  # TensorFlow's intra-op threads per rank (default: the node's cores per rank)
-
-    def given(self) -> list[str]:
-        """The options that differ from their defaults, as the user would have typed them."""
-        found = [f"--{k.replace('_', '-')}" for k, v in self.__dict__.items()
-                 if k != "extra" and v != JobOptions.__dataclass_fields__[k].default]
-        return found + [f"-o {k}=..." for k in self.extra]
+from .job_options import JobOptions
 
 
 @dataclass(frozen=True)
@@ -83,23 +58,6 @@ def parse_options(given: list[str]) -> dict[str, str]:
     return found
 
 
-def _check_numbers(o: JobOptions) -> None:
-    for name, value in (("--epochs", o.epochs), ("--batch-size", o.batch_size), ("--max-steps", o.max_steps),
-                        ("--eval-every", o.eval_every), ("--eval-examples", o.eval_examples),
-                        ("--backward-passes-per-step", o.backward_passes_per_step),
-                        ("--steps-per-execution", o.steps_per_execution), ("--tf-threads", o.tf_threads)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} {value} must be at least 1")
-    if not o.warmup_epochs >= 0:  # also refuses nan
-        raise UsageError(f"--warmup-epochs {o.warmup_epochs} must be a number of epochs, 0 or more", "use 0 for no warmup")
-    if not 0 <= o.lr_scaling <= 1:
-        raise UsageError(f"--lr-scaling {o.lr_scaling} must be a power between 0 and 1", "1 scales linearly, 0.5 as the square root")
-    if o.target_accuracy is not None and not 0 < o.target_accuracy <= 1:
-        raise UsageError(f"--target-accuracy {o.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
-    if o.seed < 0:
-        raise UsageError(f"--seed {o.seed} must be 0 or more")
-
-
 def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Program:
     if passthrough:
         raise UsageError(f"the built-in job {spec.name} takes no arguments after --: {' '.join(passthrough)}",
@@ -108,7 +66,7 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
     if unknown:
         known = ", ".join(f"{k}={v}" for k, v in spec.options.items()) or "none"
         raise UsageError(f"job {spec.name} has no option {unknown[0]}", f"its own options (with their defaults): {known}")
-    _check_numbers(o)
+    o.check()
     options = dict(spec.options)
     for name, value in o.extra.items():
         # A job declares each option by its default, whose type the given value must have.
@@ -120,30 +78,10 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
                              f"e.g. -o {name}={spec.options[name]}") from None
         if isinstance(options[name], int) and options[name] < 1:
             raise UsageError(f"-o {name}={value} must be at least 1")
-    epochs = o.epochs or spec.epochs
-    args = ["--job", spec.name, "--epochs", str(epochs), "--batch-size", str(o.batch_size or spec.batch_size),
-            "--seed", str(o.seed), "--warmup-epochs", str(o.warmup_epochs), "--options", json.dumps(options)]
-    if o.lr_scaling != 1:  # only when set: an image built before the option still runs the rest
-        args += ["--lr-scaling", str(o.lr_scaling)]
-    if o.max_steps:
-        args += ["--max-steps", str(o.max_steps)]
-    if o.tf_threads:
-        args += ["--tf-threads", str(o.tf_threads)]
-    if o.target_accuracy is not None:
-        args += ["--target-accuracy", str(o.target_accuracy)]
-    if o.eval_every:
-        args += ["--eval-every", str(o.eval_every)]
-    if o.eval_examples:
-        args += ["--eval-examples", str(o.eval_examples)]
-    # As edgetrain.training records them in its checkpoints: the tuning options only when set.
-    checkpoint_options = {"batch_size": o.batch_size or spec.batch_size, **options}
-    if o.fp16_allreduce:
-        args.append("--fp16-allreduce")
-        checkpoint_options["fp16_allreduce"] = True
-    args += ["--steps-per-execution", str(o.steps_per_execution)]
-    if o.backward_passes_per_step != 1:
-        args += ["--backward-passes-per-step", str(o.backward_passes_per_step)]
-        checkpoint_options["backward_passes_per_step"] = o.backward_passes_per_step
+    values = {**o.__dict__, "epochs": o.epochs or spec.epochs, "batch_size": o.batch_size or spec.batch_size}
+    epochs = values["epochs"]
+    args = ["--job", spec.name, "--options", json.dumps(options), *job_options.argv(values)]
+    checkpoint_options = job_options.recorded(values, options)
     return Program(spec.name, tuple(args), job=spec, module="edgetrain.training", datasets=(spec.dataset,), epochs=epochs,
                    checkpoint_options=checkpoint_options)
 

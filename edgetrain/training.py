@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from . import callbacks as et  # noqa: E402
-from . import datasets, gpu, learning_rate, tracing  # noqa: E402
+from . import datasets, gpu, job_options, learning_rate, tracing  # noqa: E402
 from .jobs import get as get_job  # noqa: E402
 
 EVAL_BATCH = 512
@@ -39,21 +39,12 @@ EVAL_BATCH = 512
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="edgetrain.training")
     p.add_argument("--job", required=True)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--target-accuracy", type=float, default=None)
-    p.add_argument("--warmup-epochs", type=float, default=learning_rate.WARMUP_EPOCHS)
-    p.add_argument("--lr-scaling", type=float, default=1.0)
-    p.add_argument("--eval-every", type=int, default=None)
-    p.add_argument("--eval-examples", type=int, default=None)
-    p.add_argument("--fp16-allreduce", action="store_true")
-    p.add_argument("--backward-passes-per-step", type=int, default=1)
-    p.add_argument("--steps-per-execution", type=int, default=1)
-    p.add_argument("--tf-threads", type=int, default=None)
     p.add_argument("--options", type=json.loads, default={})
-    return p.parse_args(argv)
+    job_options.add_arguments(p)
+    args = p.parse_args(argv)
+    spec = get_job(args.job)
+    args.epochs, args.batch_size = args.epochs or spec.epochs, args.batch_size or spec.batch_size
+    return args
 
 
 def weights_digest(model) -> str:
@@ -206,14 +197,8 @@ class AverageNonTrainable(tf.keras.callbacks.Callback):
 
 
 def checkpoint_options(args: argparse.Namespace) -> dict:
-    """What a resume must repeat, as the checkpoint's manifest records it. The tuning options appear
-    only when set, so checkpoints from before they existed still match a resume without them."""
-    found = {"batch_size": args.batch_size, **args.options}
-    if args.fp16_allreduce:
-        found["fp16_allreduce"] = True
-    if args.backward_passes_per_step != 1:
-        found["backward_passes_per_step"] = args.backward_passes_per_step
-    return found
+    """What a resume must repeat, as the checkpoint's manifest records it."""
+    return job_options.recorded(vars(args), args.options)
 
 
 def main(argv: list[str] | None = None) -> None:
