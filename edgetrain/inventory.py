@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,15 @@ from pathlib import Path
 
 from .errors import EdgetrainError
 
-ARCHES = ("aarch64", "x86_64")
+# A host's variables as both this module and the preflight play check them (roles/preflight).
+SCHEMA = json.loads(Path(__file__).with_name("inventory.schema.json").read_text())
+PROPERTIES = SCHEMA["properties"]
+ARCHES = tuple(PROPERTIES["edgetrain_arch"]["enum"])
+RUNTIMES = tuple(PROPERTIES["edgetrain_runtime"]["enum"])
 # Where a node keeps its runs (relative: under the ssh user's home) and finds its datasets
 # (the datasets role's default, roles/datasets/defaults/main.yml).
 DEFAULT_RUNS_DIR = "edgetrain/runs"
-DEFAULT_DATASETS_DIR = "/srv/edgetrain/datasets"
-RUNTIMES = ("host", "docker")
+DEFAULT_DATASETS_DIR = PROPERTIES["datasets_dir"]["default"]
 DEVICE_GROUPS = ("rpi", "gpu")
 
 
@@ -135,38 +139,60 @@ def _memberships(data: dict) -> dict[str, set[str]]:
     return member
 
 
+class Invalid(ValueError):
+    """A value the schema refuses; the message is the one line that says why."""
+
+
+def conform(key: str, value):
+    """``value`` as the schema's rule for ``key`` takes it (an integer from its digits), or Invalid."""
+    rule = PROPERTIES[key]
+    meaning, problem = rule.get("x-meaning", ""), rule.get("x-problem", "")
+    if "enum" in rule:
+        if value not in rule["enum"]:
+            raise Invalid(f"{key} is {value or 'missing'}; set it to one of {', '.join(rule['enum'])}")
+        return value
+    if rule.get("type") == "integer":
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise Invalid(f"{key} is {value!r}, not {meaning}") from None
+        if not rule["minimum"] <= number <= rule["maximum"]:
+            raise Invalid(f"{key} is {number}; it must be {meaning} from {rule['minimum']} to {rule['maximum']}")
+        return number
+    if rule.get("type") == "object":
+        if not isinstance(value, dict):
+            raise Invalid(f"{key} {problem}")
+        return value
+    text = str(value)
+    if len(text) < rule.get("minLength", 0) or not re.match(rule.get("pattern", ""), text):
+        raise Invalid(f"{key} {text!r} {problem}")
+    return text
+
+
 def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
-    def fail(what: str) -> EdgetrainError:
-        return EdgetrainError(f"host {name} in {source}: {what}")
+    def checked(key: str, default=None):
+        """The host's value for ``key`` - else ``default``, else the schema's - as the schema takes it."""
+        raw = hv.get(key)
+        if raw is None or raw == "":
+            raw = default if default is not None else PROPERTIES[key].get("default")
+        try:
+            return conform(key, raw)
+        except Invalid as exc:
+            raise EdgetrainError(f"host {name} in {source}: {exc}") from None
 
     connection = str(hv.get("ansible_connection", "ssh"))
     local = connection == "local"
-    arch = str(hv.get("edgetrain_arch") or (platform.machine() if local else ""))
-    if arch not in ARCHES:
-        raise fail(f"edgetrain_arch is {arch or 'missing'}; set it to one of {', '.join(ARCHES)}")
-    def number(key: str, default: int, low: int, high: int, meaning: str) -> int:
-        raw = hv.get(key, default)
-        try:
-            value = int(raw)
-        except (TypeError, ValueError):
-            raise fail(f"{key} is {raw!r}, not {meaning}") from None
-        if not low <= value <= high:
-            raise fail(f"{key} is {value}; it must be {meaning} from {low} to {high}")
-        return value
-
-    slots = number("edgetrain_slots", (os.cpu_count() or 1) if local else 1, 1, 4096, "a number of slots")
-    runtime = str(hv.get("edgetrain_runtime", "docker"))
-    if runtime not in RUNTIMES:
-        raise fail(f"edgetrain_runtime is {runtime!r}; use one of {', '.join(RUNTIMES)}")
-    port = number("ansible_port", 22, 1, 65535, "a port number")
-    datasets_dir = str(hv.get("datasets_dir") or DEFAULT_DATASETS_DIR)
-    if not datasets_dir.startswith("/"):
-        raise fail(f"datasets_dir {datasets_dir!r} is relative; the datasets role and the containers need an absolute path")
+    arch = checked("edgetrain_arch", platform.machine() if local else "")
+    slots = checked("edgetrain_slots", (os.cpu_count() or 1) if local else 1)
+    runtime = checked("edgetrain_runtime")
+    port = checked("ansible_port")
+    datasets_dir = checked("datasets_dir")
     # The controller renews every 10 s: a shorter lease would end healthy containers.
-    lease = number("edgetrain_lease_seconds", 90, 20, 7 * 24 * 3600, "a number of seconds")
-    env = hv.get("edgetrain_mpi_env") or {}
-    if not isinstance(env, dict):
-        raise fail("edgetrain_mpi_env must be a mapping of variable names to values")
+    lease = checked("edgetrain_lease_seconds")
+    env = checked("edgetrain_mpi_env", {})
+    for key in ("edgetrain_iface", "edgetrain_mpi_user"):  # provisioning needs them (preflight); the CLI checks them when given
+        if key in hv:
+            checked(key)
     return Host(
         name=name,
         address=str(hv.get("ansible_host", name)),

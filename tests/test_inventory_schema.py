@@ -1,0 +1,42 @@
+"""One inventory schema (edgetrain/inventory.schema.json): the CLI and the preflight play refuse the
+same host variables by the same rules, each in one line naming the host and the variable. Only
+failing inventories are used: the play stops on the controller before it would contact a node."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.cluster.playbook import Playbook
+from tests.conftest import ROOT, edgetrain
+
+from .test_cli_errors import assert_one_line_error
+
+GOOD = {"edgetrain_arch": "aarch64", "edgetrain_slots": 1, "edgetrain_iface": "eth0", "edgetrain_mpi_user": "mpi"}
+
+
+def write(tmp_path, **node2) -> str:
+    hosts = {"n1": {"ansible_host": "198.18.250.11"}, "n2": {"ansible_host": "198.18.250.12", **node2}}
+    inv = {"cluster": {"children": {"head": {"hosts": {"n1": None}}, "rpi": {"hosts": hosts}}, "vars": GOOD}}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inv))
+    return str(path)
+
+
+@pytest.mark.parametrize(("node2", "cli", "play"), [
+    ({"edgetrain_slots": 0}, "host n2 in {inv}: edgetrain_slots is 0; it must be a number of slots from 1 to 4096",
+     "preflight: host n2 has edgetrain_slots '0'; it must be a number of slots from 1 to 4096."),
+    ({"edgetrain_lease_seconds": 5}, "host n2 in {inv}: edgetrain_lease_seconds is 5; it must be a number of seconds from 20 to 604800",
+     "preflight: host n2 has edgetrain_lease_seconds '5'; it must be a number of seconds from 20 to 604800."),
+    ({"edgetrain_arch": "armv7l"}, "host n2 in {inv}: edgetrain_arch is armv7l; set it to one of aarch64, x86_64",
+     "preflight: host n2 has edgetrain_arch 'armv7l'; set it to one of aarch64, x86_64"),
+    ({"edgetrain_mpi_user": "Bad User"}, "host n2 in {inv}: edgetrain_mpi_user 'Bad User' is not a valid user name",
+     "preflight: host n2 needs edgetrain_runtime (one of docker, host), and an edgetrain_mpi_user that is a valid user name."),
+], ids=["slots", "lease", "arch", "mpi-user"])
+def test_the_cli_and_the_preflight_play_refuse_the_same_values(tmp_path, node2, cli, play):
+    inv = write(tmp_path, **node2)
+    assert_one_line_error(edgetrain("run", "lenet", "-i", inv, "--runs-dir", str(tmp_path / "runs")), cli.format(inv=inv))
+    ran = Playbook(ROOT, inv).run("playbooks/preflight.yml", timeout=300)
+    assert ran.returncode != 0 and play in " ".join(ran.output.split()), ran.output[-3000:]
+    assert "PLAY [Preflight - gather facts" not in ran.output  # no node was contacted
+
