@@ -1,3 +1,3 @@
-from .cli import main
+from edgetrain.controller.cli import main
 
 main()

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from . import checkpoints
-from .progress import REPORT_S, Events
+from edgetrain.shared import checkpoints
+from edgetrain.shared.progress import REPORT_S, Events
 
 _restored_epoch = 0
 

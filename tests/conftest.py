@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import images
+from edgetrain.controller import images
 from tests import docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent

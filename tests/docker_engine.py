@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.cpugroup import own_group
+from tests.cluster.cpugroup import CpuGroup
 
 
 @dataclass
@@ -25,6 +25,8 @@ class DockerEngine:
     host: str  # DOCKER_HOST value, unix://...
     process: subprocess.Popen | None  # None: an engine this harness did not start
     keep_root: bool = False
+    # Where its containers' cgroups go (dockerd --cgroup-parent), removed when it stops.
+    cgroup: CpuGroup | None = None
 
     @property
     def pid(self) -> int | None:
@@ -55,6 +57,8 @@ class DockerEngine:
         if not self.keep_root:
             # rm, not shutil.rmtree: image layers are hundreds of thousands of files.
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.root)], check=False)
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 def reachable(host: str | None = None) -> bool:
@@ -99,16 +103,17 @@ def start(root: Path | None = None, *, netns: str | None = None, timeout: float 
         "--ip-masq=false",
         "--bridge=none",
     ]
-    parent = own_group()
-    if parent:
-        # Its containers (image builds among them) share the CPU of the group the tests run in.
-        cmd.append(f"--cgroup-parent=/{parent}/{root.name}")
+    # Its containers (image builds among them) in a group of its own below the one the tests run
+    # in: they share its CPU (tests/capped.py), and the group goes with the engine (dockerd
+    # leaves its default /docker behind).
+    cgroup = CpuGroup.mine(root.name)
+    cmd.append(f"--cgroup-parent=/{cgroup.name}")
     if netns:
         cmd = ["nsenter", f"--net=/var/run/netns/{netns}", *cmd]
     log = (root / "dockerd.log").open("ab")
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
-    engine = DockerEngine(root=root, host=f"unix://{sock}", process=process, keep_root=keep)
+    engine = DockerEngine(root=root, host=f"unix://{sock}", process=process, keep_root=keep, cgroup=cgroup)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

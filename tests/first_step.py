@@ -20,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.python.autograph.impl import api as autograph_api  # noqa: E402 - only to watch it
 
 from edgetrain import tracing  # noqa: E402
-from edgetrain.jobs import lenet  # noqa: E402
+from edgetrain.rank.jobs import lenet  # noqa: E402
 
 converted: collections.Counter = collections.Counter()
 _convert = autograph_api._convert_actual

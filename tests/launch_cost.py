@@ -23,10 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgetrain import containers, datasets, inventory, mpi, placement, preflight, progress, runs, worker
-from edgetrain import program as programs
-from edgetrain.program import JobOptions
-from edgetrain.remote import Nodes
+from edgetrain.controller import containers, inventory, placement, preflight
+from edgetrain.shared import datasets, mpi, progress, runs
+from edgetrain.rank import worker
+from edgetrain.controller import program as programs
+from edgetrain.controller.program import JobOptions
+from edgetrain.controller.remote import Nodes
 
 
 def edgetrain_run(inv: Path, job: str, np: int, max_steps: int, runs_dir: Path) -> dict:
@@ -57,7 +59,7 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
         running = containers.Containers(nodes, plan, tag, dirs)
         running.start()
         try:
-            worker = [containers.PYTHON, "-m", "edgetrain.worker", "--run-dir", containers.RUN_MOUNT,
+            worker = [containers.PYTHON, "-m", "edgetrain.rank.worker", "--run-dir", containers.RUN_MOUNT,
                       "--data", containers.DATA_MOUNT, "--job-name", program.name, *program.worker_args()]
             start = time.monotonic()
             proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

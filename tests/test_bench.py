@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from edgetrain import bench, runs
-from edgetrain.program import JobOptions
+from edgetrain.controller import bench
+from edgetrain.shared import runs
+from edgetrain.controller.program import JobOptions
 
 from .conftest import edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
@@ -59,7 +60,7 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
 
 
 def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolutions_to_hide_it():
-    from edgetrain import overlap, program as programs
+    from edgetrain.controller import overlap, program as programs
 
     model = bench.model_of(programs.resolve("lenet", [], programs.JobOptions()))
     assert bench.gradient_bytes(model) == 4 * 1_630_090

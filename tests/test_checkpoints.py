@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain import checkpoints
-from edgetrain.errors import EdgetrainError
+from edgetrain.shared import checkpoints
+from edgetrain.shared.errors import EdgetrainError
 
 
 def save(content: bytes):

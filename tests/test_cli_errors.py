@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import checkpoints, datasets
+from edgetrain.shared import checkpoints, datasets
 
 from .conftest import edgetrain, snapshot
 

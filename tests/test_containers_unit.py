@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from edgetrain import blame, containers, datasets, failures, inventory, placement, preflight, runs
-from edgetrain.errors import EdgetrainError
-from edgetrain.inventory import Host, Inventory
-from edgetrain.remote import Nodes
+from edgetrain.controller import blame, containers, inventory, placement, preflight
+from edgetrain.shared import datasets, failures, runs
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host, Inventory
+from edgetrain.controller.remote import Nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,12 +60,12 @@ def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_en
     hosts = (host("pi1", groups=("head", "rpi"), mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
     plan = placement.plan(Inventory(Path("inv"), hosts), 2)
     with Nodes() as nodes:
-        argv = containers.Containers(nodes, plan, "r1", {}).mpirun(["python", "-m", "edgetrain.probe"])
+        argv = containers.Containers(nodes, plan, "r1", {}).mpirun(["python", "-m", "edgetrain.rank.probe"])
     remote = argv[-1]  # one shell word list for the node, after the ssh options
     assert argv[0] == "ssh" and "pi@198.18.0.3" in argv and "ControlMaster=auto" in argv
     assert remote.startswith("docker exec edgetrain-r1 mpirun -f /etc/edgetrain/machinefile -n 2 -iface eth0 -bootstrap ssh")
     assert "-genv UCX_TLS tcp,self" in remote
-    assert remote.endswith("python -m edgetrain.probe")
+    assert remote.endswith("python -m edgetrain.rank.probe")
     assert plan.ranks_on(hosts[1]) == [1] and plan.ranks_on(hosts[0]) == [0]
 
 

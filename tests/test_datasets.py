@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgetrain import datasets
-from edgetrain.errors import EdgetrainError
+from edgetrain.shared import datasets
+from edgetrain.shared.errors import EdgetrainError
 
 DEBIAN = datasets.DEBIAN_FASHION_MNIST
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.errors import EdgetrainError
-from edgetrain.inventory import Host
-from edgetrain.remote import Nodes
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host
+from edgetrain.controller.remote import Nodes
 
 from .conftest import ROOT, edgetrain
 from .test_cli_errors import assert_one_line_error

@@ -1,4 +1,4 @@
-"""edgetrain.gpu against real nvidia-smi output (one H100, driver 580.159.04, CUDA 13.0), a scripted
+"""edgetrain.controller.gpu against real nvidia-smi output (one H100, driver 580.159.04, CUDA 13.0), a scripted
 node and a faked tf.config: no GPU on the machines that run these tests.
 
 The captured answers are copied verbatim from the fixtures in the shared fixture directory
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import gpu
-from edgetrain.errors import EdgetrainError
+from edgetrain.controller import gpu
+from edgetrain import gpu as pin
+from edgetrain.shared.errors import EdgetrainError
 
 # --- real nvidia-smi answers (exit 0 except the bad field: exit 2) ---------------------------------
 SMI = (
@@ -367,9 +368,9 @@ def test_without_the_container_check_no_docker_command_runs():
 
 
 def test_check_host_runs_through_a_nodes_session_with_the_hosts_image_and_slots():
-    from edgetrain.inventory import Host
+    from edgetrain.controller.inventory import Host
 
-    class Nodes:  # edgetrain.remote.Nodes as check_host uses it
+    class Nodes:  # edgetrain.controller.remote.Nodes as check_host uses it
         def __init__(self):
             self.node = h100_node()
             self.hosts = []
@@ -436,7 +437,7 @@ def test_pin_gpu_two_ranks_on_a_two_gpu_host():
     pinned = []
     for local_rank in (0, 1):
         tf = FakeTf(2)  # each rank is its own process with its own TensorFlow
-        assert gpu.pin_gpu(tf, local_rank) == f"/physical_device:GPU:{local_rank}"
+        assert pin.pin_gpu(tf, local_rank) == f"/physical_device:GPU:{local_rank}"
         assert tf.growth == {"/physical_device:GPU:0": True, "/physical_device:GPU:1": True}
         pinned.append(tf.visible)
     assert pinned == [["/physical_device:GPU:0"], ["/physical_device:GPU:1"]]
@@ -444,14 +445,14 @@ def test_pin_gpu_two_ranks_on_a_two_gpu_host():
 
 def test_pin_gpu_without_gpus_changes_nothing():
     tf = FakeTf(0)
-    assert gpu.pin_gpu(tf, 3) is None
+    assert pin.pin_gpu(tf, 3) is None
     assert tf.visible is None and tf.growth == {}
 
 
 def test_pin_gpu_more_ranks_than_gpus():
     tf = FakeTf(2)
     with pytest.raises(EdgetrainError) as e:
-        gpu.pin_gpu(tf, 2)
+        pin.pin_gpu(tf, 2)
     assert str(e.value) == ("local rank 2 has no GPU of its own: this host shows 2 GPU(s) - "
                             "give the host at most 2 slot(s) (edgetrain_slots) so each rank gets one GPU")
     assert tf.visible is None
@@ -459,17 +460,17 @@ def test_pin_gpu_more_ranks_than_gpus():
 
 def test_pin_gpu_after_tensorflow_started_is_explained():
     with pytest.raises(EdgetrainError, match="call pin_gpu before TensorFlow creates any tensor"):
-        gpu.pin_gpu(FakeTf(1, initialized=True), 0)
+        pin.pin_gpu(FakeTf(1, initialized=True), 0)
 
 
 def test_pin_gpu_with_the_real_tensorflow_on_a_machine_without_gpus():
     tf = pytest.importorskip("tensorflow")
     assert tf.config.list_physical_devices("GPU") == []
-    assert gpu.pin_gpu(tf, 0) is None
+    assert pin.pin_gpu(tf, 0) is None
     assert [d.device_type for d in tf.config.get_visible_devices()] == ["CPU"]
 
 
 def test_gpu_module_does_not_import_tensorflow():
-    proc = subprocess.run([sys.executable, "-c", "import sys, edgetrain.gpu; print('tensorflow' in sys.modules)"],
+    proc = subprocess.run([sys.executable, "-c", "import sys, edgetrain.controller.gpu; print('tensorflow' in sys.modules)"],
                           capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(Path(gpu.__file__).parents[1])})
     assert proc.stdout.strip() == "False"

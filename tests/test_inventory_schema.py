@@ -1,4 +1,4 @@
-"""One inventory schema (edgetrain/inventory.schema.json): the CLI and the preflight play refuse the
+"""One inventory schema (edgetrain/controller/inventory.schema.json): the CLI and the preflight play refuse the
 same host variables by the same rules, each in one line naming the host and the variable. Only
 failing inventories are used: the play stops on the controller before it would contact a node."""
 

@@ -1,10 +1,10 @@
-"""The built-in jobs' learning-rate rule (edgetrain.learning_rate)."""
+"""The built-in jobs' learning-rate rule (edgetrain.shared.learning_rate)."""
 
 from __future__ import annotations
 
 import pytest
 
-from edgetrain.learning_rate import anneal, scale, warmup
+from edgetrain.shared.learning_rate import anneal, scale, warmup
 
 
 @pytest.mark.parametrize(("ranks", "accumulated", "batch", "power", "expected"), [

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from edgetrain import inventory, placement
-from edgetrain.errors import EdgetrainError, UsageError
+from edgetrain.controller import inventory, placement
+from edgetrain.shared.errors import EdgetrainError, UsageError
 
 CLUSTER = """
 cluster:

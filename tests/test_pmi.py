@@ -1,4 +1,4 @@
-"""edgetrain.pmi against MPICH's Hydra: a rank that ends with os._exit must not take its node's other ranks with it.
+"""edgetrain.rank.pmi against MPICH's Hydra: a rank that ends with os._exit must not take its node's other ranks with it.
 
 Two ranks on this machine share one Hydra proxy. Rank 1 ends right after a barrier; rank 0 works on
 for two seconds and then writes a file. Without PMI's finalize, the proxy takes rank 1's closed PMI
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import pmi
+from edgetrain.rank import pmi
 
 pytestmark = pytest.mark.mpi
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS = """
 import os, sys, time
 from mpi4py import MPI
-from edgetrain import pmi
+from edgetrain.rank import pmi
 comm = MPI.COMM_WORLD
 comm.Barrier()
 if comm.rank == 1:

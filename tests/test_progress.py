@@ -9,7 +9,7 @@ import time
 
 from rich.console import Console
 
-from edgetrain.progress import EVENT_PREFIX, ConsoleProgress, parse
+from edgetrain.shared.progress import EVENT_PREFIX, ConsoleProgress, parse
 
 EPOCH = {"event": "epoch", "epoch": 2, "images_per_sec": 3487.4}
 # Keras' in-place redraw, as read with universal newlines: its carriage return ends the line.

@@ -1,4 +1,4 @@
-"""Horovod's Gloo under mpirun (edgetrain.rendezvous): real MPICH, Horovod and Gloo on loopback.
+"""Horovod's Gloo under mpirun (edgetrain.rank.rendezvous): real MPICH, Horovod and Gloo on loopback.
 
 Several CPU nodes get Gloo by default (placement); on one machine an inventory asks for it, which
 is the same path through the worker."""
@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from edgetrain import rendezvous, runs
+from edgetrain.rank import rendezvous
+from edgetrain.shared import runs
 
 from .conftest import edgetrain
 

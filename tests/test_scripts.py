@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import requirements, runs, workdir
-from edgetrain.errors import UsageError
-from edgetrain.progress import EVENT_PREFIX
+from edgetrain.controller import requirements
+from edgetrain.shared import runs, workdir
+from edgetrain.shared.errors import UsageError
+from edgetrain.shared.progress import EVENT_PREFIX
 
 from .conftest import ROOT, edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error

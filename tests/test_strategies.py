@@ -1,4 +1,4 @@
-"""Strategies as objects (edgetrain.strategies): what each asks of the hosts and tells the ranks,
+"""Strategies as objects (edgetrain.shared.strategies): what each asks of the hosts and tells the ranks,
 read from a real inventory's placement; and the launcher and the worker that use them name none."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from edgetrain import inventory, placement, strategies
+from edgetrain.controller import inventory, placement
+from edgetrain.shared import strategies
 
 from .test_placement import CLUSTER, write
 
@@ -36,6 +37,6 @@ def test_horovod_asks_for_no_ports_and_only_it_trains_the_built_in_jobs(tmp_path
 
 def test_the_launcher_and_the_worker_compare_no_strategy_names():
     names = "|".join(re.escape(n) for n in strategies.STRATEGIES)
-    for module in ("launch.py", "worker.py", "runtimes.py"):
+    for module in ("controller/launch.py", "rank/worker.py", "controller/runtimes.py"):
         text = (ROOT / "edgetrain" / module).read_text()
         assert not re.search(rf"(==|!=|\bin)\s*\(?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=)", text), module

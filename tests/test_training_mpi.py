@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import checkpoints, runs
-from edgetrain.learning_rate import anneal
+from edgetrain.shared import checkpoints, runs
+from edgetrain.shared.learning_rate import anneal
 
 from .conftest import ROOT, edgetrain
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import workdir
-from edgetrain.errors import EdgetrainError, UsageError
-from edgetrain.inventory import Host
-from edgetrain.remote import Nodes
+from edgetrain.controller import shipping
+from edgetrain.shared import workdir
+from edgetrain.shared.errors import EdgetrainError, UsageError
+from edgetrain.controller.inventory import Host
+from edgetrain.controller.remote import Nodes
 
 LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
 
@@ -57,10 +58,10 @@ def test_ship_sends_only_what_the_store_lacks_and_the_copy_is_exact(project, tmp
     store = tmp_path / "store"
     m = workdir.scan(project)
     with Nodes() as nodes:
-        first = workdir.ship(nodes, LOCAL, str(store), m)
-        again = workdir.ship(nodes, LOCAL, str(store), m)
+        first = shipping.ship(nodes, LOCAL, str(store), m)
+        again = shipping.ship(nodes, LOCAL, str(store), m)
         (project / "lib/model.py").write_text("X = 2\n")
-        changed = workdir.ship(nodes, LOCAL, str(store), workdir.scan(project))
+        changed = shipping.ship(nodes, LOCAL, str(store), workdir.scan(project))
     assert (first.files, first.bytes) == (len({e.sha256 for e in m.entries}), sum(e.size for e in m.entries))
     assert (again.files, again.bytes) == (0, 0)
     assert (changed.files, changed.bytes) == (1, len("X = 2\n"))
@@ -74,7 +75,7 @@ def test_a_file_damaged_on_the_way_never_enters_the_store(project, tmp_path):
     m = workdir.scan(project)
     (project / "train.py").write_text("print('changed after it was hashed')\n")  # what arrives no longer matches
     with Nodes() as nodes, pytest.raises(EdgetrainError, match="shipping the working directory to localhost failed"):
-        workdir.ship(nodes, LOCAL, str(store), m)
+        shipping.ship(nodes, LOCAL, str(store), m)
     assert sorted(p.name for p in store.iterdir()) == []
 
 
@@ -82,7 +83,7 @@ def test_materialize_keeps_what_the_script_wrote_and_refuses_a_damaged_store(pro
     store, dest = tmp_path / "store", tmp_path / "work"
     m = workdir.scan(project)
     with Nodes() as nodes:
-        workdir.ship(nodes, LOCAL, str(store), m)
+        shipping.ship(nodes, LOCAL, str(store), m)
     workdir.materialize(m, store, dest)
     (dest / "checkpoint-1.h5").write_text("model")
     (dest / "train.py").write_text("edited on the node")

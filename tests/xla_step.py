@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from edgetrain.jobs import get as get_job  # noqa: E402
+from edgetrain.shared.jobs import get as get_job  # noqa: E402
 
 
 def compiled_step(job, options: dict, xla: bool):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgetrain import containers, datasets
+from edgetrain.controller import containers
+from edgetrain.shared import datasets
 from tests.conftest import edgetrain
 
 from .emulation import PI4_RATES, Emulation, calibrate

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgetrain import runs
+from edgetrain.shared import runs
 
 from .comm_core import comm_group, moving
 from .cpugroup import CpuGroup

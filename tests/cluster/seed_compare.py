@@ -21,8 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgetrain import bench, runs
-from edgetrain.program import JobOptions
+from edgetrain.controller import bench
+from edgetrain.shared import runs
+from edgetrain.controller.program import JobOptions
 
 from .emulation import ROOT, SEED
 

@@ -31,8 +31,8 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from edgetrain import datasets  # noqa: E402
-from edgetrain.jobs.lenet import model as lenet  # noqa: E402 - the same network as the built-in job
+from edgetrain.shared import datasets  # noqa: E402
+from edgetrain.rank.jobs.lenet import model as lenet  # noqa: E402 - the same network as the built-in job
 
 BATCH = 64
 

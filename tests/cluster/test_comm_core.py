@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RANK = """
 import json, os, sys, time
-from edgetrain import pmi, rendezvous
+from edgetrain.rank import pmi, rendezvous
 rendezvous.set_up()
 import tensorflow as tf
 import horovod.tensorflow as hvd
@@ -54,7 +54,7 @@ while not os.path.exists(stop):  # TensorFlow computes, Horovod communicates, un
     hvd.allreduce(tf.ones([50_000]), name="grad")
     time.sleep(0.05)
 hvd.allreduce(tf.constant(0.0), name="barrier")
-# MPI_Finalize can hang with MPICH 4.0.2 ch4:ucx: end as edgetrain.worker does, telling Hydra the
+# MPI_Finalize can hang with MPICH 4.0.2 ch4:ucx: end as edgetrain.rank.worker does, telling Hydra the
 # end is meant (else it may take this rank for dead and end the other with status 1).
 pmi.finalize()
 os._exit(0)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from edgetrain import runs
+from edgetrain.shared import runs
 from tests.conftest import edgetrain
 
 

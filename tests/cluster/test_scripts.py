@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import runs
+from edgetrain.shared import runs
 from tests.conftest import ROOT, edgetrain
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain import images
+from edgetrain.controller import images
 from tests.conftest import build_target
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from edgetrain import images
+from edgetrain.controller import images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """Dockerfile.cuda. Static checks always (what the build compiles, that it installs offline, that the
-runtime stage carries no compiler, that its labels match edgetrain.gpu); the real offline build and
+runtime stage carries no compiler, that its labels match edgetrain.controller.gpu); the real offline build and
 its in-image checks with ``-m cuda`` (`make test-cuda`; no GPU needed), next to the checks every
 image gets in test_build.py.
 """
@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from edgetrain import gpu, images
+from edgetrain.controller import gpu
+from edgetrain.controller import images
 
 DOCKERFILE = images.project_root() / "images" / "Dockerfile.cuda"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import images, inventory
-from edgetrain.errors import EdgetrainError
+from edgetrain.controller import images, inventory
+from edgetrain.shared.errors import EdgetrainError
 from tests import docker_engine
 from tests.conftest import edgetrain
 

@@ -1,4 +1,4 @@
-"""The pure parts of edgetrain.images and the in-image check: no Docker, no network."""
+"""The pure parts of edgetrain.controller.images and the in-image check: no Docker, no network."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import images
-from edgetrain.errors import EdgetrainError
-from edgetrain.inventory import Host
+from edgetrain.controller import images
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host
 
 CHECK_BUILD = """Horovod v0.28.1:
 
@@ -108,7 +108,7 @@ def test_images_and_ssh_commands_for_nodes():
     assert images.image_for(pi) == f"edgetrain:{images.__version__}-arm64"
     assert images.image_for(gpu) == f"edgetrain:{images.__version__}-cuda"
     assert images.image_for(host(image="site/edgetrain:pinned")) == "site/edgetrain:pinned"
-    # ssh as Ansible would (edgetrain.remote.ssh_command), the docker command last, as one string.
+    # ssh as Ansible would (edgetrain.controller.remote.ssh_command), the docker command last, as one string.
     argv = images.node_docker(pi, ["load"])
     assert argv == [*images.ssh_command(pi), "docker load"]
     assert argv[0] == "ssh" and argv[-2:] == ["pi@198.18.0.11", "docker load"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import images
+from edgetrain.controller import images
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile.arm64", "Dockerfile.cuda"])

@@ -1,0 +1,435 @@
+"""`edgetrain bench`: does adding nodes pay? Measured on the cluster, and predicted before it is measured.
+
+On any inventory, one rank per node:
+  (a) Horovod's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
+      latency), wall and CPU seconds per operation (``edgetrain.rank.allreduce``);
+  (b) the job on one node: img/s, and the time to the target accuracy;
+  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
+      ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
+      above one node's (what allreduce and waiting add), and the time to the target accuracy;
+  (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
+      compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
+      slow node is in it, not only the link) and of Horovod's cycle the backward pass does not
+      hide, over the steps it is shared by (``backward_passes_per_step``). A band - nothing
+      hidden, all of it hidden - and inside it the estimate: for a built-in job, from when
+      backprop produces each gradient (``edgetrain.controller.overlap``); for a script, the band's middle.
+      Printed, then set beside the measurement;
+  (e) ``bench.json`` and a plot (``bench.svg``) in ``<runs dir>/<bench id>/``; every run it made
+      is an ordinary run directory beside it.
+
+Every measurement is a real ``edgetrain run`` (prepare and execute), so what it measures is what
+users get.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from edgetrain.controller import inventory, launch, overlap, placement
+from edgetrain.shared import jobs, runs
+from edgetrain.controller import program as programs
+from edgetrain.shared.datasets import TRAIN_EXAMPLES
+from edgetrain.shared.errors import EdgetrainError, UsageError
+from edgetrain.controller.program import JobOptions, Program
+
+
+@dataclass
+class BenchRequest:
+    target: str  # a built-in job's name or a script's path, as `edgetrain run` takes it
+    passthrough: list[str] = field(default_factory=list)
+    options: JobOptions = field(default_factory=JobOptions)
+    inventory: Path | None = None
+    group: str | None = None
+    nodes: list[int] | None = None  # default 1..every host of the group
+    repeat: int = 3
+    gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
+    runs_dir: Path = field(default_factory=runs.default_root)
+    command: list[str] = field(default_factory=list)
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Allreduce:
+    nodes: int
+    bytes: int
+    seconds: float  # the slowest rank's wall time per allreduce
+    cpu_seconds: float  # the busiest rank's CPU time per allreduce (every thread: polling included)
+    latency_seconds: float
+    run: str
+    transport: str = "mpi"  # whose collectives Horovod used: gloo or mpi
+    cycle_seconds: float = 0.001  # the launch's Horovod cycle (the probe times its own short one)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6
+
+    @property
+    def per_update(self) -> float:
+        """What one gradient allreduce adds to a training step: the transfer, and on average half
+        a cycle's wait for Horovod's next turn (a step's gradients arrive at no particular point of it)."""
+        return self.seconds + self.cycle_seconds / 2
+
+
+@dataclass
+class Trial:
+    nodes: int
+    run: str
+    images_per_sec: float | None
+    seconds_to_target: float | None
+    images_to_target: int | None
+    status: str
+
+
+@dataclass
+class Point:
+    """One N: the medians of its trials, and what was predicted for it."""
+
+    nodes: int
+    images_per_sec: float | None
+    efficiency: float | None
+    comm_share: float | None
+    seconds_to_target: float | None
+    predicted_efficiency: float | None
+    trials: list[Trial]
+    predicted_range: tuple[float, float] | None = None
+
+
+def parse_nodes(spec: str | None) -> list[int] | None:
+    """``1,2,4`` or ``1-4``."""
+    if spec is None:
+        return None
+    found: list[int] = []
+    try:
+        for part in spec.split(","):
+            lo, sep, hi = part.partition("-")
+            found += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    except ValueError:
+        raise UsageError(f"--nodes {spec!r} is not a list of node counts", "e.g. --nodes 1,2,4 or --nodes 1-4") from None
+    if not found:
+        raise UsageError(f"--nodes {spec!r} names no node count", "e.g. --nodes 1-4")
+    return found
+
+
+def model_of(program: Program):
+    """A built-in job's Keras model, as its options build it (None for a script)."""
+    if program.job is None:
+        return None
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines are not this command's output
+    return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
+
+
+def gradient_bytes(model) -> int:
+    """A model's gradient: 4 bytes per trainable parameter."""
+    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """E(N) between two bounds, and the estimate set beside the measurement. Horovod starts a
+    gradient's allreduce as soon as backprop has produced it, while earlier layers' backprop still
+    runs; how much that hides depends on the order the model produces its bytes in (LeNet's Dense
+    kernel first), which one node's step time does not tell, but its layers do."""
+
+    low: float  # nothing hidden: compute, then the allreduce, then half a cycle's wait
+    high: float  # the allreduce hidden behind the step's compute, up to its length
+    expected: float  # from when backprop produces each gradient, or the band's middle without a model
+
+
+def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
+            gradients: list[overlap.Gradient] | None = None) -> Prediction:
+    """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
+    of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
+    last of them hides any of it."""
+    update = step_seconds * backward_passes
+    hidden = min(ar.seconds, update)
+    low = update / (update + ar.per_update)
+    high = update / (update + ar.per_update - hidden)
+    if not gradients:
+        return Prediction(low, high, (low + high) / 2)
+    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds)
+    return Prediction(low, high, update / (update + late))
+
+
+def evaluation_interval(steps: int, steps_per_execution: int, per_epoch: int = 4) -> int:
+    """The ``--eval-every`` that evaluates an epoch of ``steps`` steps ``per_epoch`` times, the last
+    being the epoch's own validation: a multiple of the steps per execution (evaluations fall between
+    executions), rounded up so that none lands just before the epoch's end."""
+    return math.ceil(steps / per_epoch / steps_per_execution) * steps_per_execution
+
+
+def _median(values: list[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return statistics.median(found) if found else None
+
+
+def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
+    """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
+    if target is None:
+        return None, None
+    for e in run.evaluations():
+        if e["val_accuracy"] >= target and e.get("seconds") is not None:
+            return e["seconds"], e.get("images")
+    return None, None
+
+
+def steady_rate(run: runs.Run) -> float | None:
+    """Training img/s after warm-up: between the first and the last evaluation, in training steps
+    only (the records' ``train_seconds``; from runs that predate it, their clock less the evaluations,
+    which also counts the work between epochs), else the last epoch's. A run stopped at its target
+    inside epoch 1 has only that epoch, whose figure carries TensorFlow's tracing."""
+    evals = [e for e in run.evaluations() if e.get("images") and e.get("seconds") is not None
+             and e.get("eval_seconds") is not None and "resumed_after_epoch" not in e]
+    if len(evals) >= 2:
+        first, last = evals[0], evals[-1]
+        if first.get("train_seconds") is not None and last.get("train_seconds") is not None:
+            seconds = last["train_seconds"] - first["train_seconds"]
+        else:
+            seconds = last["seconds"] - first["seconds"] - sum(e["eval_seconds"] for e in evals[1:])
+        if seconds > 0 and last["images"] > first["images"]:
+            return (last["images"] - first["images"]) / seconds
+    epochs = [m for m in run.metrics() if m.get("images_per_sec")]
+    return epochs[-1]["images_per_sec"] if epochs else None
+
+
+class Bench:
+    def __init__(self, req: BenchRequest):
+        self.req = req
+        script = req.target not in jobs.JOBS
+        # A script's target accuracy is only read from its metrics: it is not the script's option.
+        self.program = programs.resolve(req.target, req.passthrough, replace(req.options, target_accuracy=None) if script else req.options)
+        job = self.program.job
+        self.target_accuracy = req.options.target_accuracy or (job.target_accuracy if job else None)
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
+        self.fp16 = req.options.fp16_allreduce
+        self.backward_passes = req.options.backward_passes_per_step
+        inv = inventory.load(req.inventory)
+        self.hosts = placement.select(inv, req.group)
+        most = len(self.hosts)
+        self.nodes = sorted(set(req.nodes or range(1, most + 1)))
+        if self.nodes[0] < 1 or self.nodes[-1] > most:
+            raise UsageError(f"--nodes {self.nodes[-1] if self.nodes[-1] > most else self.nodes[0]} is not between 1 and "
+                             f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
+        if req.repeat < 1:
+            raise UsageError(f"--repeat {req.repeat} must be at least 1")
+        model = model_of(self.program)
+        if model is None and not req.gradient_bytes:
+            raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
+        self.gradient = req.gradient_bytes or gradient_bytes(model)
+        self.gradients = overlap.schedule(model) if model is not None else None
+        self.root = runs.ensure_writable(req.runs_dir)
+        self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
+        self.allreduce: dict[int, Allreduce] = {}
+        self.trials: list[Trial] = []
+        self.predicted: dict[int, Prediction] = {}
+        self.started = time.monotonic()
+
+    # -- one launch ---------------------------------------------------------------------------
+    def _launch(self, program: Program, n: int, what: str) -> tuple[runs.Run, launch.Outcome, list[dict]]:
+        seen: list[dict] = []
+        req = launch.RunRequest(program=program, np=n, inventory=self.req.inventory, group=self.req.group, per_node=1,
+                                runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"], log=lambda line: None)
+
+        def on_event(e: dict) -> None:
+            seen.append(e)
+            if e["event"] == "epoch":
+                acc = f", val_accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
+                ips = f", {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
+                self.req.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
+
+        started = launch.prepare(req)
+        outcome = launch.execute(started, on_event, lambda line: None)
+        return started.run, outcome, seen
+
+    def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
+        args = ["--bytes", str(nbytes)] + (["--fp16"] if self.fp16 else [])
+        probe = Program("allreduce", tuple(args), module="edgetrain.rank.allreduce")
+        run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
+        found = [e for e in seen if e["event"] == "allreduce"]
+        if outcome.state is not runs.Status.COMPLETED or not found:
+            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.error or outcome.state.value})",
+                                 f"its logs: {run.path}")
+        e = found[-1]
+        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"])
+
+    def program_for(self, n: int, attempt: int = 1) -> Program:
+        """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
+        times an epoch unless told, and seeded by the try - the same seed at every N, so each try
+        compares N on one trajectory and the median is over several, not over one replayed."""
+        if self.program.job is None:
+            return self.program
+        o = self.req.options
+        steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
+        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
+                                                              eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
+
+    def train(self, n: int, attempt: int) -> Trial:
+        run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
+        metrics = run.metrics()
+        epochs = [m for m in metrics if m.get("images_per_sec")]
+        if outcome.state is not runs.Status.COMPLETED:
+            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.error or ''}")
+        elif not epochs:
+            raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
+                                 "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
+        ips = steady_rate(run)
+        seconds, images = _seconds_to_target(run, self.target_accuracy)
+        return Trial(n, run.id, ips, seconds, images, outcome.state.value)
+
+    # -- the whole bench ----------------------------------------------------------------------
+    def run(self) -> list[Point]:
+        req, log = self.req, self.req.log
+        self.dir.mkdir()
+        nbytes = self.gradient
+        log(f"bench {self.dir.name}: {self.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
+            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
+            + (" (fp16 on the wire)" if self.fp16 else ""))
+        for n in (n for n in self.nodes if n > 1):
+            ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
+            log(f"(a) allreduce on {n} nodes ({ar.transport}): {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
+                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
+            self.save()
+        for attempt in range(1, req.repeat + 1):
+            for n in self.nodes:
+                if n > 1 and not self.predicted and 1 in self.nodes:
+                    self._predict()
+                trial = self.train(n, attempt)
+                self.trials.append(trial)
+                reached = f", target at {trial.seconds_to_target:.0f} s" if trial.seconds_to_target is not None else ""
+                log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
+                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
+                self.save()
+        points = self.points()
+        self.save(points)
+        write_svg(self.dir / "bench.svg", points, self.program.name, self.target_accuracy)
+        return points
+
+    def _predict(self) -> None:
+        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
+        if one is None:
+            return
+        step = self.batch_size() / one
+        for n, ar in self.allreduce.items():
+            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients)
+        how = "when backprop produces each gradient" if self.gradients else "the middle of the band"
+        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a) and {how}; "
+                     "in brackets, nothing to all of the allreduce hidden behind the step: "
+                     + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
+
+    def batch_size(self) -> int:
+        return int(self.program.checkpoint_options.get("batch_size", 64))
+
+    def points(self) -> list[Point]:
+        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
+        out = []
+        for n in self.nodes:
+            trials = [t for t in self.trials if t.nodes == n]
+            ips = _median([t.images_per_sec for t in trials])
+            eff = ips / (n * one) if ips and one else None
+            # The allreduce as measured alone (a), against a rank's measured step at N.
+            ar = self.allreduce.get(n)
+            step = n * self.batch_size() / ips if ips else None
+            share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
+            guess = self.predicted.get(n)
+            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
+                             guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None))
+        return out
+
+    def save(self, points: list[Point] | None = None) -> None:
+        body = {
+            "program": self.program.name, "args": list(self.program.args), "command": self.req.command,
+            "inventory": _where(self.req.inventory),
+            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
+            "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
+            "allreduce": [asdict(a) for a in self.allreduce.values()],
+            "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},
+            "predicted_range": {n: [e.low, e.high] for n, e in self.predicted.items()},
+            "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+        tmp = self.dir / "bench.json.tmp"
+        tmp.write_text(json.dumps(body, indent=2) + "\n")
+        tmp.replace(self.dir / "bench.json")
+
+
+def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
+    """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice."""
+    want = _where(inventory)
+    for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if body.get("points") and body.get("inventory") == want:
+            return body
+    return None
+
+
+def _where(inventory: Path | None) -> str | None:
+    return str(Path(inventory).resolve()) if inventory else None
+
+
+def advice(body: dict, n_hosts: int) -> str | None:
+    """A warning when the bench says ``n_hosts`` nodes train no faster than fewer did (or would)."""
+    by_n = {p["nodes"]: p for p in body["points"] if p.get("images_per_sec")}
+    if n_hosts not in by_n or 1 not in by_n:
+        return None
+    best = max((p for n, p in by_n.items() if n < n_hosts), key=lambda p: p["images_per_sec"], default=None)
+    here = by_n[n_hosts]
+    if best is not None and here["images_per_sec"] <= 1.05 * best["images_per_sec"]:
+        return (f"on {n_hosts} nodes this job trained at {here['images_per_sec']:,.0f} img/s, against "
+                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench, E({n_hosts}) = {here['efficiency']:.0%}): "
+                f"the extra nodes do not pay")
+    return None
+
+
+# -- the plot -----------------------------------------------------------------------------------
+
+def write_svg(path: Path, points: list[Point], job: str, target: float | None) -> None:
+    """Three panels against N: img/s (with the ideal N x R(1)), E(N) measured and predicted, time to target."""
+    panels = [
+        ("img/s", [(p.nodes, p.images_per_sec) for p in points],
+         [(p.nodes, points[0].images_per_sec * p.nodes) for p in points] if points and points[0].nodes == 1 and points[0].images_per_sec else [],
+         "ideal"),
+        ("E(N)", [(p.nodes, p.efficiency) for p in points], [(p.nodes, p.predicted_efficiency) for p in points], "predicted"),
+        (f"seconds to {target:.1%}" if target else "seconds to target", [(p.nodes, p.seconds_to_target) for p in points], [], ""),
+    ]
+    w, h, pad = 300, 220, 40
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{3 * w}" height="{h + 30}" font-family="sans-serif" font-size="11">',
+             f'<text x="10" y="16" font-size="13">edgetrain bench: {job}, one rank per node</text>']
+    for i, (title, measured, other, other_label) in enumerate(panels):
+        x0 = i * w
+        values = [v for _, v in measured + other if v is not None]
+        top = max(values) * 1.15 if values else 1.0
+        ns = [p.nodes for p in points] or [1]
+        lo, hi = min(ns), max(max(ns), min(ns) + 1)
+
+        def xy(n: float, v: float) -> tuple[float, float]:
+            return x0 + pad + (n - lo) / (hi - lo) * (w - 2 * pad), 30 + h - pad - v / top * (h - pad - 20)
+
+        parts.append(f'<text x="{x0 + pad}" y="40">{title}</text>')
+        parts.append(f'<line x1="{x0 + pad}" y1="{30 + h - pad}" x2="{x0 + w - pad}" y2="{30 + h - pad}" stroke="black"/>')
+        parts.append(f'<line x1="{x0 + pad}" y1="50" x2="{x0 + pad}" y2="{30 + h - pad}" stroke="black"/>')
+        for n in ns:
+            x, y = xy(n, 0)
+            parts.append(f'<text x="{x - 3}" y="{y + 14}">{n}</text>')
+        parts.append(f'<text x="{x0 + w - pad - 10}" y="{30 + h - 8}">N</text>')
+        parts.append(f'<text x="{x0 + 2}" y="58">{top / 1.15:.3g}</text>')
+        for series, colour, dash in ((measured, "#1f5fbf", ""), (other, "#999999", ' stroke-dasharray="4 3"')):
+            pts = [xy(n, v) for n, v in series if v is not None]
+            if len(pts) > 1:
+                parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
+                             + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+            for x, y in pts:
+                parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>')
+        if other_label and any(v is not None for _, v in other):
+            parts.append(f'<text x="{x0 + w - pad - 60}" y="58" fill="#999999">- - {other_label}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n")

@@ -1,0 +1,420 @@
+"""The ``edgetrain`` command line. Commands stay thin: the work happens in the modules they call."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Column, Table
+
+from edgetrain.controller import bench as benching
+from edgetrain.controller import collect as collecting
+from edgetrain.controller import containers
+from edgetrain.shared import datasets, runs
+from edgetrain.controller import launch
+from edgetrain.controller import program as programs
+from edgetrain.controller import requirements as extra
+from edgetrain.shared import workdir as workdir_mod
+from edgetrain.controller import doctor as doctoring
+from edgetrain.controller import images as imaging
+from edgetrain.controller import inventory as inventories
+from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
+from edgetrain.shared.job_options import JobOptions, with_job_options
+from edgetrain.shared.progress import ConsoleProgress
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+from edgetrain.controller.remote import Nodes
+
+app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
+runs_app = typer.Typer(no_args_is_help=True, help="Inspect run directories.")
+data_app = typer.Typer(no_args_is_help=True, help="Find, verify, import and fetch datasets.")
+images_app = typer.Typer(no_args_is_help=True, help="Build training images offline and ship them to the nodes.")
+app.add_typer(runs_app, name="runs")
+app.add_typer(data_app, name="data")
+app.add_typer(images_app, name="images")
+console = Console()
+err_console = Console(stderr=True)
+
+InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
+RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
+GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
+DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@with_job_options("run", programs.parse_options)
+def run(
+    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+    np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+    strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
+    tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
+    workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
+    max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+    requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
+    hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
+    runs_dir: RunsDirOpt = Path("runs"),
+    data_dir: DataDirOpt = None,
+    options: JobOptions = JobOptions(),
+) -> None:
+    """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
+    program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
+    req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
+                            tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2),
+                            log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    started = launch.prepare(req)
+    if started.placement.oversubscribed:
+        host, n = started.placement.ranks[0]
+        err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
+    scaled = benching.latest(runs_dir, program.name, inventory)
+    advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
+    if advice:
+        err_console.print(f"edgetrain: warning: {advice}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"run {started.run.id}: logs and outputs in {started.run.path}")
+    if started.manifest is not None:
+        for shipped in started.runtime.shipped:
+            console.print(f"{shipped.host}: working directory {len(started.manifest.entries)} files, "
+                          f"{shipped.files} shipped ({shipped.bytes / 1024:,.0f} KiB) in {shipped.seconds:.1f} s")
+    if started.runtime.probe_seconds is not None:
+        console.print(f"preflight ok on {', '.join(h.name for h in started.placement.hosts)}; "
+                      f"MPI probe over {started.placement.np} ranks in {started.runtime.probe_seconds:.1f} s")
+    with ConsoleProgress(console) as bar:
+        outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    for problem in outcome.cleanup_errors:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+    if outcome.state is runs.Status.COMPLETED:
+        m = outcome.last_metrics
+        done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if "val_accuracy" in m else ""
+        console.print(f"run {started.run.id} completed{done}")
+        return
+    if outcome.state is runs.Status.INTERRUPTED:
+        raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
+    found = outcome.finding
+    for line in found.log_tail if found else ():
+        err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
+    if found and found.rank is not None:
+        who = f"rank {found.rank} on {found.host} failed: {found.error}"
+    elif found and found.host is not None:
+        who = f"a rank on {found.host} failed: {found.error}"
+    elif found and found.error is not None:
+        who = found.error
+    else:
+        who = f"mpirun exited with {outcome.returncode}"
+    raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@with_job_options("bench", programs.parse_options)
+def bench(
+    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks).")] = "lenet",
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
+    inventory: InventoryOpt = None,
+    group: GroupOpt = None,
+    nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
+    repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
+    gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
+    runs_dir: RunsDirOpt = Path("runs"),
+    options: JobOptions = JobOptions(),
+) -> None:
+    """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
+    if gradient_mb is not None and not gradient_mb > 0:
+        raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
+    req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
+                                int(gradient_mb * 1e6) if gradient_mb else None, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
+                                log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    b = benching.Bench(req)
+    points = b.run()
+    goal = b.target_accuracy
+    table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share", f"s to {goal:.1%}" if goal else "s to target", box=None)
+    for p in points:
+        ar = b.allreduce.get(p.nodes)
+        table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-", _pct(p.efficiency),
+                      _pct(p.predicted_efficiency) + (f" ({p.predicted_range[0]:.0%}-{p.predicted_range[1]:.0%})" if p.predicted_range else ""),
+                      f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
+                      f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")
+    console.print(table)
+    console.print(f"results: {b.dir}/bench.json, plot: {b.dir}/bench.svg", highlight=False)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.0%}" if value is not None else "-"
+
+
+@app.command()
+def collect(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")],
+    dest: Annotated[Path, typer.Option(help="Directory to copy the run into (as DEST/<run-id>/).")],
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
+    runs_dir: RunsDirOpt = Path("runs"),
+) -> None:
+    """Copy a run's checkpoints, metrics and logs to DEST (from its rank-0 node for container runs), verifying every checkpoint file."""
+    run = runs.find(runs_dir, run_id)
+    where = run.info().get("placement", {})
+    if where.get("runtime") == "docker":
+        inv = inventories.load(inventory or Path(where["inventory"]))
+        result = collecting.collect_remote(run, inv, dest)
+    else:
+        result = collecting.collect_local(run, dest)
+    verified = [f"checkpoints {', '.join(map(str, result.checkpoints))}"] if result.checkpoints else []
+    verified += [f"{len(result.outputs)} outputs"] if result.outputs else []
+    console.print(f"{result.dest}: {' and '.join(verified)} verified; "
+                  f"{len(result.copied)} files copied, {len(result.unchanged)} already there")
+
+
+@app.command()
+def doctor(
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
+    np: Annotated[Optional[int], typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
+    group: GroupOpt = None,
+    job: Annotated[str, typer.Option(help="Whose dataset to verify on the nodes.")] = "lenet",
+    runs_dir: RunsDirOpt = Path("runs"),
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Check that this machine (or with -i, every node of a cluster) can train."""
+    if inventory is None:
+        checks = doctoring.local_checks(runs_dir, data_dir)
+        table = Table("check", "", "detail", box=None)
+        for c in checks:
+            table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+        console.print(table)
+        failed = [c.name for c in checks if not c.ok]
+        if failed:
+            raise EdgetrainError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
+        return
+    report = doctoring.check_cluster(inventories.load(inventory), np, group, job)
+    table = Table("node", "check", "", "detail", box=None)
+    for node in report.nodes:
+        for c in node.checks:
+            table.add_row(node.host.name, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+    console.print(table)
+    if report.probe is not None:
+        ranks = Table("rank", "host", "arch", "TensorFlow", "Horovod", "MPI", box=None)
+        for r in report.probe.ranks:
+            ranks.add_row(str(r["rank"]), r["host"], r["arch"], r["tensorflow"], r["horovod"], r["mpi"])
+        console.print(ranks)
+        console.print(f"MPI probe: {len(report.probe.ranks)} ranks, allreduce ok, {report.probe.seconds:.1f} s")
+    failed = [f"{n.host.name} ({n.failure.name})" for n in report.nodes if n.failure]
+    if failed:
+        raise EdgetrainError(f"preflight failed on {', '.join(failed)}")
+
+
+@app.command()
+def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The cluster whose nodes to clean.")],
+          runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """Remove edgetrain containers left on the nodes (a controller that died, a node that came back); a live run's are kept."""
+    def live(run_id: str) -> bool:
+        try:
+            return runs.find(runs_dir, run_id).live()
+        except EdgetrainError:
+            return False  # a run this machine does not know, or a doctor probe's
+
+    inv = inventories.load(inventory)
+    with Nodes() as nodes:
+        found = containers.clean(nodes, [h for h in inv.hosts if h.runtime == "docker"], live)
+    for c in found:
+        console.print(f"{c.host}: {c.container} ({c.detail})", markup=False, highlight=False)
+    console.print(f"{sum(c.removed for c in found)} container(s) removed, {sum(not c.removed for c in found)} kept")
+    if any(not c.removed and c.detail != "its run is going" for c in found):
+        raise EdgetrainError("some containers could not be removed (see above)")
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help=f"Print JSON (schema {runs.SCHEMA}) instead of a table.")]
+
+
+@runs_app.command("list")
+def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> None:
+    """One line per run."""
+    summaries = [runs.summarize(r) for r in runs.all_runs(runs_dir)]
+    if as_json:
+        print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries]}, indent=1))
+        return
+    table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
+    table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
+    problems = []
+    for s in summaries:
+        problems += s.problems
+        table.add_row(s.id, s.job, s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
+                      f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
+    console.print(table)
+    for problem in problems:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+
+
+@runs_app.command("show")
+def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs"),
+              as_json: JsonOpt = False) -> None:
+    """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
+    r = runs.find(runs_dir, run_id)
+    info = r.info()
+    if as_json:
+        print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": info,
+                          "metrics": r.metrics(), "evaluations": r.evaluations(), "outputs": collecting.outputs_of(r)},
+                         indent=1, default=str))
+        return
+    where = info.get("placement", {})
+    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {r.status().value}  ({r.path})", highlight=False)
+    if r.status() is runs.Status.ABANDONED:
+        console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
+                      f"{launch.command_of(r, str(info.get('job')))}", markup=False, highlight=False)
+    program = info.get("program", {})
+    if program:
+        console.print(f"program: {program.get('script', info.get('job'))} {shlex.join(program.get('args', []))}", markup=False, highlight=False)
+    console.print(f"placement: {where.get('np')} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.get("hosts", []))
+                  + f" ({where.get('runtime')} runtime, {where.get('strategy', 'horovod')})", highlight=False)
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()), highlight=False)
+    metrics = r.metrics()
+    if metrics:
+        columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]
+        table = Table("epoch", *columns, box=None)
+        for m in metrics:
+            table.add_row(str(m["epoch"]), *(_cell(m.get(k)) for k in columns))
+        console.print(table)
+    target = runs.time_to_target(r)
+    if target is not None:
+        console.print(target, markup=False, highlight=False)
+    outputs = collecting.outputs_of(r)
+    if outputs:
+        home = "" if where.get("runtime") != "docker" else f" (on {where['hosts'][0]['host']} until: edgetrain collect {r.id} --dest DIR)"
+        console.print(f"outputs of rank 0{home}:", highlight=False)
+        for rel, digest in outputs.items():
+            console.print(f"  {rel}  sha256 {digest[:16]}", markup=False, highlight=False)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4f}"
+    return "-" if value is None else str(value)
+
+
+@data_app.command("list")
+def data_list(data_dir: DataDirOpt = None) -> None:
+    """Where each dataset is looked for, and which copy a run would use."""
+    for name in datasets.DATASETS:
+        try:
+            found = datasets.locate(name, data_dir).describe()
+        except EdgetrainError as exc:
+            found = f"[red]{exc}[/]"
+        console.print(f"[bold]{name}[/]: {found}")
+        for loc in datasets.search_path(name, data_dir):
+            console.print(f"  {loc.origin}: {loc.path}")
+
+
+@data_app.command("verify")
+def data_verify(
+    dataset: Annotated[Optional[str], typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Check the files a run would use against their sha256."""
+    for name in [dataset] if dataset else datasets.DATASETS:
+        console.print(f"{name}: ok, {datasets.locate(name, data_dir).describe()}")
+
+
+@data_app.command("import")
+def data_import(files: Annotated[list[Path], typer.Argument(help="Dataset files, any names: they are recognised by sha256.")]) -> None:
+    """Copy known dataset files into the user cache under their canonical names."""
+    for path in datasets.import_files(files):
+        console.print(f"imported {path}")
+
+
+@data_app.command("fetch")
+def data_fetch(
+    dataset: Annotated[str, typer.Argument(help="mnist or fashion-mnist.")],
+    mirror: Annotated[Optional[str], typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
+) -> None:
+    """Download a dataset into the user cache (needs a network; runs never download)."""
+    console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
+
+
+ImageArchArg = Annotated[str, typer.Option("--arch", help="arm64 (Raspberry Pi 4), amd64 (x86_64 CPU) or cuda (NVIDIA GPU).")]
+CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
+
+
+@images_app.command("base")
+def images_base(
+    arch: ImageArchArg,
+    mirror: Annotated[str, typer.Option(help="Debian mirror for debootstrap.")] = imaging.DEFAULT_DEBIAN_MIRROR,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Make a minimal Debian base image with debootstrap + docker import (no registry needed)."""
+    tag = imaging.make_base(imaging.target(arch), cache_dir or imaging.default_cache_dir(), mirror=mirror, log=console.print)
+    console.print(tag)
+
+
+@images_app.command("build")
+def images_build(
+    arch: ImageArchArg,
+    base_image: Annotated[Optional[str], typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
+    apt_mirror: Annotated[Optional[str], typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
+    apt_proxy: Annotated[Optional[str], typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
+    arch_flags: Annotated[Optional[str], typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
+    tag: Annotated[Optional[str], typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
+    requirements: Annotated[Optional[Path], typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Build an image offline from a wheelhouse; fails unless Horovod in it has TensorFlow and MPI."""
+    if requirements is not None:
+        extra.read(requirements)  # a bad file is refused before the long build
+    result = imaging.build(
+        imaging.target(arch), cache_dir or imaging.default_cache_dir(), base_image=base_image,
+        apt_mirror=apt_mirror, apt_proxy=apt_proxy, arch_flags=arch_flags, tag=tag, log=console.print,
+    )
+    console.print(f"{result.tag}: {result.image_id}, {result.size_bytes / 1e9:.2f} GB, {result.seconds:.0f} s")
+    if requirements is not None:
+        built = extra.build_image(arch, result.tag, requirements, console.print)
+        console.print(f"{built}: with {requirements}, {imaging.local_image_id(built)}")
+
+
+@images_app.command("distribute")
+def images_distribute(inventory: InventoryOpt = None) -> None:
+    """Ship every docker node the image of its arch (docker save | ssh node docker load), verified by image ID."""
+    shipped = imaging.distribute(inventories.load(inventory), log=console.print)
+    console.print(f"{sum(s.loaded for s in shipped)} node(s) loaded, {sum(not s.loaded for s in shipped)} already up to date")
+
+
+@images_app.command("list")
+def images_list(inventory: InventoryOpt = None) -> None:
+    """Per node: tag, image ID, arch, created."""
+    table = Table("node", "tag", "image id", "arch", "created", box=None)
+    for row in imaging.list_images(inventories.load(inventory)):
+        table.add_row(row.host, row.tag, row.image_id[7:19], row.arch, row.created)
+    console.print(table)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: how a command that seems stuck is diagnosed.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # A program killed while it held this terminal (an ssh) can leave it non-blocking, which breaks
+    # Ansible's inventory reader ("requires blocking IO"): edgetrain needs it blocking, and says so.
+    for fd in (0, 1, 2):
+        try:
+            os.set_blocking(fd, True)
+        except OSError:
+            pass
+    # Typer's standalone mode handles its own usage errors (exit 2); ours become one line here.
+    try:
+        app()
+    except EdgetrainError as exc:
+        err_console.print(f"edgetrain: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)

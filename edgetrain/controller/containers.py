@@ -1,0 +1,303 @@
+"""One training container per node: started, wired together for MPI, watched, and always removed.
+
+Each container runs the node's image with the host network (MPI sees the node's own address
+and interface), the node's run directory and dataset directory mounted, and sshd on port 12345
+of the cluster interface for Hydra. A key pair made for the run alone lets the rank-0 container
+reach the others; the private key never leaves the rank-0 container and dies with it. Everything
+a run starts on a node is owned by it: the container removes itself when stopped, and stops
+itself when the controller stops renewing its lease (killed, powered off, cut off).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import shlex
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgetrain.controller import images
+from edgetrain.shared import mpi
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host
+from edgetrain.controller.placement import Placement
+from edgetrain.controller.remote import Nodes, tar_bytes
+from edgetrain.shared.runs import RUN_AS
+
+SSH_PORT = 12345
+PYTHON = "/opt/edgetrain/bin/python"  # the image's virtualenv
+RUN_MOUNT = "/edgetrain/run"
+DATA_MOUNT = "/edgetrain/data"
+STORE_MOUNT = "/edgetrain/store"
+MACHINEFILE = "/etc/edgetrain/machinefile"
+LABEL = "org.edgetrain.run"
+# Containers share /dev/shm among the ranks of one node; Docker's default 64 MB is too small.
+SHM_SIZE = "1g"
+# Hydra's ssh to the containers. MPICH 4.0's Hydra has no -bootstrap-exec-args, so the port and
+# options live in the rank-0 container's ssh client configuration; a dead peer is noticed within
+# ~15 s instead of TCP's minutes.
+SSH_CLIENT_CONFIG = f"""Host *
+    Port {SSH_PORT}
+    BatchMode yes
+    StrictHostKeyChecking yes
+    ConnectTimeout 10
+    ServerAliveInterval 5
+    ServerAliveCountMax 3
+"""
+# Docker's default capabilities, less what neither sshd nor the ranks use (raw sockets, device
+# nodes, file capabilities, binding low ports, ...).
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+# sshd in the container: Hydra's commands only; nothing forwarded, tunnelled or displayed.
+SSHD_OPTIONS = ("AllowTcpForwarding=no", "AllowStreamLocalForwarding=no", "AllowAgentForwarding=no",
+                "X11Forwarding=no", "PermitTunnel=no", "GatewayPorts=no")
+# How often the controller renews each container's lease (it runs out after the host's
+# edgetrain_lease_seconds).
+LEASE_RENEW = 10
+LEASE_FILE = ".lease"
+# The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
+# (Hydra connects once, when mpirun starts; the connections then stay up for the whole run).
+KEY_LIFETIME = 24 * 3600
+
+
+def store_dir(node_run_dir: str) -> str:
+    """The node's file store (see edgetrain.shared.workdir), beside its run directories."""
+    return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/.store"
+
+
+def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str, listen: str | None) -> list[str]:
+    """The container of one node: removed by Docker once it stops (by the controller, or by its
+    own lease), never pulled, with fewer capabilities, and sshd on the cluster address only."""
+    argv = [
+        "docker", "run", "--detach", "--rm", "--pull", "never", "--name", name, "--label", f"{LABEL}={run_id}",
+        "--network", "host", "--shm-size", SHM_SIZE, "--cap-drop", "ALL",
+        *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
+        "--volume", f"{node_run_dir}:{RUN_MOUNT}",
+        "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
+        "--volume", f"{store_dir(node_run_dir)}:{STORE_MOUNT}:ro",
+    ]
+    if host.is_gpu:
+        argv += ["--gpus", "all"]
+    sshd = [f"-o{o}" for o in SSHD_OPTIONS] + ([f"-oListenAddress={listen}"] if listen else [])
+    return [*argv, image, "edgetrain-sshd", *sshd]
+
+
+def _ip(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
+
+
+def authorized_key(public: str, sources: list[str], now: float) -> str:
+    expiry = time.strftime("%Y%m%d%H%MZ", time.gmtime(now + KEY_LIFETIME))
+    return f'restrict,from="{",".join(sources)}",expiry-time="{expiry}" {public.strip()}\n'
+
+
+def listen_address(nodes: Nodes, host: Host) -> str | None:
+    """The node's IPv4 address on its cluster interface (edgetrain_iface), else its inventory
+    address when that is one; None leaves sshd on every address."""
+    if host.iface:
+        out = nodes.check(host, ["ip", "-4", "-o", "addr", "show", "dev", host.iface], f"reading the address of {host.iface}",
+                          f"set edgetrain_iface of {host.name} to its cluster interface")
+        for word in out.split():
+            if "/" in word and word.split("/")[0].count(".") == 3:
+                return word.split("/")[0]
+        raise EdgetrainError(f"{host.iface} on {host.name} has no IPv4 address", f"set edgetrain_iface of {host.name} to its cluster interface")
+    return _ip(host.address)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    host: Host
+    alive: bool
+    detail: str  # why not, when not alive
+
+
+class Containers:
+    """The containers of one run (or probe) across the nodes of a placement."""
+
+    def __init__(self, nodes: Nodes, plan: Placement, run_id: str, node_run_dirs: dict[str, str]) -> None:
+        self.nodes, self.plan, self.run_id = nodes, plan, run_id
+        self.node_run_dirs = node_run_dirs
+        self.name = f"edgetrain-{run_id}"
+        self.listen: dict[str, str | None] = {}
+        # Each container's main process as the node sees it: while it exists the container runs, and
+        # asking /proc costs a node almost nothing, where the docker CLI every few seconds cost an
+        # emulated Pi a tenth of its CPU (docs/scaling.md).
+        self.pids: dict[str, int] = {}
+        # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
+        # them, their containers end themselves when the lease runs out.
+        self.unreachable: set[str] = set()
+        self._renewing = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _lease(self, host: Host) -> str:
+        return f"{self.node_run_dirs[host.name]}/{LEASE_FILE}"
+
+    def _renew(self) -> None:
+        while not self._renewing.wait(LEASE_RENEW):
+            for host in self.plan.hosts:
+                try:
+                    self.nodes.run(host, ["touch", self._lease(host)], timeout=LEASE_RENEW * 2)
+                except EdgetrainError:
+                    pass  # a node out of reach: its container ends itself when the lease runs out
+
+    def _each(self, fn, hosts=None) -> list:
+        hosts = list(self.plan.hosts if hosts is None else hosts)
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+            return list(pool.map(fn, hosts))
+
+    def start(self) -> None:
+        """Start every container and connect them; on any failure, remove what started and raise."""
+        self._renewer = threading.Thread(target=self._renew, daemon=True, name="lease")
+        self._renewer.start()
+        try:
+            errors = [e for e in self._each(self._start_one) if e]
+            if errors:
+                raise errors[0]
+            self._connect()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _start_one(self, host: Host) -> EdgetrainError | None:
+        d = self.node_run_dirs[host.name]
+        try:
+            self.listen[host.name] = listen_address(self.nodes, host)
+            ids = self.nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} {shlex.quote(store_dir(d))} && "
+                                          f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
+            self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
+                             "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
+            self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
+                                                         "reading the container's process"))
+            self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.rank.lease",
+                                    f"{RUN_MOUNT}/{LEASE_FILE}", str(host.lease_seconds)], "starting the container's lease")
+            self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"mkdir -p {posixpath.dirname(RUN_AS)} && cat > {RUN_AS}"],
+                             "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
+        except EdgetrainError as exc:
+            return exc
+        return None
+
+    def _connect(self) -> None:
+        with tempfile.TemporaryDirectory(prefix="edgetrain-key-") as tmp:
+            key = Path(tmp) / "id_ed25519"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(key)], check=True)
+            private, public = key.read_bytes(), key.with_suffix(".pub").read_text()
+        # Install the run's public key, wait for sshd, and read back the container's host key.
+        script = (
+            "umask 077 && cat > /root/.ssh/authorized_keys && i=0; "
+            "while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+            "cat /etc/ssh/ssh_host_ed25519_key.pub"
+        )
+        head = self.plan.head
+        sources = [a for a in {self.listen.get(head.name), _ip(head.address), "127.0.0.1"} if a]
+        entry = authorized_key(public, sorted(sources), time.time())
+        host_keys = self._each(lambda h: self.nodes.check(
+            h, ["docker", "exec", "-i", self.name, "sh", "-c", script], "installing the run's ssh key", input=entry))
+        known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
+        bundle = tar_bytes({
+            "/root/.ssh/id_ed25519": (private, 0o600),
+            "/root/.ssh/known_hosts": (known.encode(), 0o644),
+            "/root/.ssh/config": (SSH_CLIENT_CONFIG.encode(), 0o600),
+            MACHINEFILE: (self.plan.machinefile().encode(), 0o644),
+        })
+        self.nodes.check(self.plan.head, ["docker", "exec", "-i", self.name, "tar", "-x", "-C", "/"],
+                         "installing the MPI files", input=bundle)
+
+    def mpirun(self, command: list[str]) -> list[str]:
+        """The local argv that runs ``mpirun ... command`` in the rank-0 container, output streamed."""
+        head = self.plan.head
+        argv = mpi.mpirun_argv("mpirun", MACHINEFILE, self.plan.np, head.iface, self.plan.rank_env, ssh=True)
+        return self.nodes.argv(head, ["docker", "exec", self.name, *argv, *command])
+
+    def states(self) -> list[NodeState]:
+        def one(host: Host) -> NodeState:
+            try:
+                pid = self.pids.get(host.name)
+                if pid:
+                    alive = self.nodes.run(host, ["test", "-d", f"/proc/{pid}"], timeout=30)
+                    if alive.returncode == 0:
+                        self.unreachable.discard(host.name)
+                        return NodeState(host, True, "")
+                    if alive.returncode == 255 and not host.is_local:
+                        self.unreachable.add(host.name)
+                        return NodeState(host, False, "unreachable: " + ((alive.stderr.strip().splitlines() or ["no answer"])[-1]))
+                proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name], timeout=30)
+            except EdgetrainError as exc:
+                self.unreachable.add(host.name)
+                return NodeState(host, False, f"unreachable: {exc.problem}")
+            if proc.returncode != 0:
+                err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+                if proc.returncode == 255 and not host.is_local:
+                    self.unreachable.add(host.name)
+                    return NodeState(host, False, f"unreachable: {err}")
+                self.unreachable.discard(host.name)
+                return NodeState(host, False, f"container gone ({err})")
+            self.unreachable.discard(host.name)
+            running, code, oom = proc.stdout.split()
+            if running == "true":
+                return NodeState(host, True, "")
+            return NodeState(host, False, "container ran out of memory" if oom == "true" else f"container exited with status {code}")
+        return self._each(one)
+
+    def remove(self) -> list[str]:
+        """Remove the run's container on every node it may be on; the nodes where that failed
+        (their containers end by themselves once the lease, no longer renewed, runs out)."""
+        self._renewing.set()
+        lost = [h for h in self.plan.hosts if h.name in self.unreachable]
+        left = [f"{h.name}: unreachable; its container stops itself once its lease runs out ({h.lease_seconds} s)" for h in lost]
+
+        def one(host: Host) -> str | None:
+            try:
+                proc = self.nodes.run(host, ["docker", "rm", "--force", self.name], timeout=60)
+            except EdgetrainError as exc:
+                return f"{host.name}: {exc}"
+            if proc.returncode == 0 or "No such container" in proc.stderr:
+                return None
+            return f"{host.name}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+        reachable = [h for h in self.plan.hosts if h not in lost]
+        failed = [f for f in self._each(one, reachable) if f]
+        if failed:
+            # A removal already in progress (the run's watcher) or a busy engine: one more pass.
+            time.sleep(2)
+            failed = [f for f in self._each(one, reachable) if f]
+        return left + failed
+
+
+def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:
+    """edgetrain containers on a node: name -> the run (or probe) they belong to."""
+    out = nodes.check(host, ["docker", "ps", "--all", "--filter", f"label={LABEL}", "--format", f'{{{{.Names}}}} {{{{.Label "{LABEL}"}}}}'],
+                      "listing containers")
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    host: str
+    container: str
+    run: str
+    removed: bool
+    detail: str
+
+
+def clean(nodes: Nodes, hosts: list[Host], live: Callable[[str], bool]) -> list[Cleaned]:
+    """Remove every edgetrain container whose run no live edgetrain holds (``live(run_id)``)."""
+    def one(host: Host) -> list[Cleaned]:
+        found = []
+        for name, run_id in leftovers(nodes, host).items():
+            if live(run_id):
+                found.append(Cleaned(host.name, name, run_id, False, "its run is going"))
+                continue
+            proc = nodes.run(host, ["docker", "rm", "--force", name], timeout=60)
+            ok = proc.returncode == 0 or "No such container" in proc.stderr
+            found.append(Cleaned(host.name, name, run_id, ok, "removed" if ok else (proc.stderr.strip().splitlines() or ["?"])[-1]))
+        return found
+
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+        return [c for cs in pool.map(one, hosts) for c in cs]

@@ -1,0 +1,502 @@
+"""Launching a run: one resolved description, every check, then ``mpirun`` of the worker on every
+rank, then the outcome.
+
+Nothing is started until every check passed; the run directory records each attempt whatever
+its end (completed, failed, interrupted), and the runtime removes what it started on every path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgetrain import __version__
+from edgetrain.controller import blame, inventory, placement, requirements, runtimes
+from edgetrain.shared import checkpoints, failures, progress, runs, workdir
+from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
+from edgetrain.controller.program import Program
+from edgetrain.shared.runs import Status
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+
+
+@dataclass
+class RunRequest:
+    """What the user asked for, before anything is resolved."""
+
+    program: Program
+    np: int = 1
+    inventory: Path | None = None
+    group: str | None = None
+    per_node: int | None = None  # ranks per host at most (bench: one per node); None: the inventory's slots
+    runtime: str | None = None  # None: the inventory's edgetrain_runtime
+    strategy: str = DEFAULT
+    tf_port: int = 23456
+    runs_dir: Path = field(default_factory=runs.default_root)
+    data_dir: Path | None = None
+    resume: str | None = None
+    hang_timeout: float = 300.0
+    max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
+    command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Launch:
+    """One resolved launch: what runs, where, how, and the command that starts it."""
+
+    request: RunRequest
+    program: Program
+    placement: placement.Placement
+    runtime: runtimes.Runtime
+    run: runs.Run
+    argv: list[str]
+    manifest: workdir.Manifest | None
+    resumed_epoch: int | None
+    lock: runs.RunLock
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def resume_command(self) -> str:
+        """The command that continues this run: the user's own, with ``--resume RUN``."""
+        return _with_resume(self.request.command, self.run.id)
+
+
+# Horovod's warning while some ranks wait in a collective that others have not reached.
+HOROVOD_STALL = "submitted to be reduced, gathered or broadcasted by subset of ranks"
+
+
+@dataclass
+class Outcome:
+    run: runs.Run
+    returncode: int
+    state: Status
+    last_metrics: dict = field(default_factory=dict)
+    finding: blame.Finding | None = None  # who a failed run's failure belongs to
+    cleanup_errors: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str | None:
+        return self.finding.error if self.finding is not None else None
+
+
+def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placement) -> runtimes.Runtime:
+    name = req.runtime
+    if name is None:
+        found = {h.runtime for h in plan.hosts}
+        if len(found) > 1:
+            raise UsageError("the hosts of this run mix edgetrain_runtime host and docker", "pass --runtime docker or --runtime host")
+        name = found.pop()
+    if name not in runtimes.RUNTIMES:
+        raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
+    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, log=req.log)
+
+
+def _check_request(req: RunRequest) -> None:
+    if not req.hang_timeout > 0 or req.hang_timeout == float("inf"):
+        raise UsageError(f"--hang-timeout {req.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
+    if req.strategy not in STRATEGIES:
+        raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
+    if not STRATEGIES[req.strategy].builtin_jobs and not req.program.is_script:
+        raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
+    if not 1024 <= req.tf_port <= 65000:
+        raise UsageError(f"--tf-port {req.tf_port} must be between 1024 and 65000")
+
+
+def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int, log: Callable[[str], None]) -> int | None:
+    """The newest intact checkpoint's epoch on the rank-0 node, checked against what is asked
+    for; None for a script that keeps no edgetrain checkpoints (it resumes by itself).
+
+    Every file of a checkpoint is hashed where it lives and compared with its manifest; a damaged
+    one is passed over for the one before, and the user is told."""
+    head = rt.plan.head
+    ckpt_dir = f"{rt.node_run_dirs(run)[head.name]}/checkpoints"
+    listing = rt.nodes.check(head, ["sh", "-c", f"cd {shlex.quote(ckpt_dir)} 2>/dev/null && ls -1 */{checkpoints.MANIFEST}; true"],
+                             "listing checkpoints")
+    found = sorted(line.split("/")[0] for line in listing.split() if line.startswith(checkpoints.PREFIX))
+    if not found:
+        if program.job is not None:
+            raise EdgetrainError(f"run {run.id} has no checkpoint on {head.name} to resume from",
+                                 f"start a new run: edgetrain run {program.name}")
+        return None
+    damaged = []
+    for name in reversed(found):
+        where = f"{ckpt_dir}/{name}"
+        try:
+            manifest = json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+            files = manifest["files"]
+            epoch = int(manifest["epoch"])
+        except (ValueError, KeyError, TypeError):
+            damaged.append(f"{name} (its manifest is damaged)")
+            continue
+        checklist = "".join(f"{digest}  {file}\n" for file, digest in files.items())
+        check = rt.nodes.run(head, ["sh", "-c", f"cd {shlex.quote(where)} && sha256sum -c --quiet -"], input=checklist)
+        if check.returncode != 0:
+            bad = (check.stdout.strip().splitlines() or check.stderr.strip().splitlines() or ["?"])[0]
+            damaged.append(f"{name} ({bad.replace(': FAILED', ' does not match its manifest')})")
+            continue
+        break
+    else:
+        raise EdgetrainError(f"run {run.id} has no intact checkpoint on {head.name}: {'; '.join(damaged)}",
+                             f"start a new run: edgetrain run {program.name}")
+    if damaged:
+        log(f"edgetrain: warning: passed over damaged checkpoint(s) {'; '.join(damaged)}; resuming from {name}")
+    if manifest.get("job") != program.name:
+        raise EdgetrainError(f"run {run.id} holds a {manifest.get('job')} checkpoint, not {program.name}",
+                             f"resume it with: {command_of(run, str(manifest.get('job')))}")
+    ranks = (manifest.get("metrics") or {}).get("ranks")
+    if program.job is not None and ranks is not None and ranks != np:
+        raise UsageError(f"run {run.id} trained on {ranks} ranks, this resume asks for {np}",
+                         f"resume with --np {ranks}: the learning rate and the data shards depend on it")
+    saved = {k: v for k, v in (manifest.get("options") or {}).items()}
+    if program.job is not None and saved and saved != program.checkpoint_options:
+        diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)} (asked {program.checkpoint_options.get(k)})"
+                         for k in sorted(set(saved) | set(program.checkpoint_options)) if saved.get(k) != program.checkpoint_options.get(k))
+        raise UsageError(f"run {run.id} was trained with {diff}", "resume with the options it was started with")
+    if program.epochs is not None and epoch >= program.epochs:
+        raise UsageError(f"run {run.id} already finished epoch {epoch}", f"pass --epochs {epoch + 1} or more to train further")
+    return epoch
+
+
+def _with_resume(command: list[str], run_id: str) -> str:
+    cmd = list(command)
+    if "--resume" not in cmd:
+        at = cmd.index("--") if "--" in cmd else len(cmd)
+        cmd[at:at] = ["--resume", run_id]
+    return shlex.join(cmd)
+
+
+def command_of(run: runs.Run, job: str) -> str:
+    """The command that continues ``run``: the one that started it, with ``--resume``."""
+    attempts = run.info().get("attempts") or [{}]
+    return _with_resume(attempts[0].get("command") or ["edgetrain", "run", job], run.id)
+
+
+def prepare(req: RunRequest) -> Launch:
+    """Every check that can fail before anything starts, then the run directory, the staged
+    working directory, the containers (docker runtime) and the command."""
+    started = time.monotonic()
+    _check_request(req)
+    program = req.program
+    inv = inventory.load(req.inventory)
+    plan = placement.plan(inv, req.np, req.group, req.per_node)
+    program.check_ranks(req.np)
+    manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
+    if req.resume:
+        # Before the node checks, which would take the live run's own containers for leftovers.
+        runs.find(runs.ensure_writable(req.runs_dir), req.resume).refuse_if_live()
+    rt = _runtime(req, inv, plan)
+    created: runs.Run | None = None
+    lock: runs.RunLock | None = None
+    try:
+        strategy = STRATEGIES[req.strategy]
+        rt.check_ports(strategy.ports(plan, req.tf_port), strategy.name)
+        root = runs.ensure_writable(req.runs_dir)
+        resumed_epoch = None
+        if req.resume:
+            run = runs.find(root, req.resume)
+            ran = run.info().get("job")
+            if ran != program.name:
+                raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
+            resumed_epoch = _resume_point(rt, run, program, req.np, req.log)
+            lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
+        else:
+            run = created = runs.create(root, program.name)
+            lock = run.lock()
+        rt.stage(run, manifest)
+        run.machinefile.write_text(plan.machinefile())
+        worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
+                  "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name]
+        worker += strategy.worker_args(plan, req.tf_port)
+        if resumed_epoch is not None:
+            worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
+        worker += program.worker_args()
+        try:
+            rt.start(run)
+        except EdgetrainError as exc:
+            run.update_info(status=Status.FAILED.value, error=str(exc))
+            raise
+        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, started)
+        _record(launch, inv)
+        return launch
+    except BaseException as exc:
+        rt.stop()
+        rt.nodes.close()
+        if lock is not None:
+            lock.release()
+        # A run that never started leaves nothing behind, unless it got as far as its containers.
+        if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
+            shutil.rmtree(created.path, ignore_errors=True)
+        if isinstance(exc, OSError):
+            # This machine's files (the run directory): a full disk, most likely. One line.
+            raise EdgetrainError(f"cannot write {exc.filename or req.runs_dir}: {exc.strerror or exc}",
+                                 f"free disk space on this machine ({req.runs_dir})") from None
+        raise
+
+
+def _record(launch: Launch, inv: inventory.Inventory) -> None:
+    req, run, rt = launch.request, launch.run, launch.runtime
+    attempt = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": req.command,
+        "np": req.np,
+        "resumed_from_epoch": launch.resumed_epoch,
+        "mpirun": launch.argv,
+        "shipped": [s.__dict__ for s in rt.shipped],
+    }
+    previous = run.info() if req.resume else {}
+    where = {"np": req.np, "oversubscribed": launch.placement.oversubscribed, "inventory": str(inv.source),
+             "runtime": rt.name, "strategy": req.strategy, "hosts": launch.placement.describe()}
+    recorded = rt.record(run)
+    if "nodes" in recorded:
+        where["nodes"] = recorded.pop("nodes")
+    program = {"args": list(launch.program.args)}
+    if launch.program.is_script:
+        program.update(script=launch.program.script, workdir=str(launch.program.workdir))
+    if launch.program.requirements is not None:
+        program["requirements"] = requirements.read(launch.program.requirements)
+    run.update_info(
+        id=run.id,
+        job=launch.program.name,
+        kind="script" if launch.program.is_script else "job",
+        program=program,
+        workdir={"files": len(launch.manifest.entries), "bytes": launch.manifest.total_bytes} if launch.manifest else None,
+        placement=where,
+        versions={"edgetrain": __version__, **rt.versions},
+        attempts=previous.get("attempts", []) + [attempt],
+        status=Status.STARTING.value,
+        **recorded,
+    )
+FAILED_GRACE = 30.0
+
+
+class _Watch(threading.Thread):
+    """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
+    seconds), a node unreachable on two checks in a row, or no output at all for ``hang_timeout``.
+
+    A check of an unreachable node takes ssh's keepalive or connect timeout (about 15 s), so two
+    of them mean a node out of reach for half a minute: Hydra's own ssh gives up after 15 s, and
+    MPICH cannot carry on without the node anyway."""
+
+    def __init__(self, launch: Launch, hang_timeout: float, interval: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.launch, self.hang_timeout, self.interval = launch, hang_timeout, interval
+        self.last_output = time.monotonic()
+        # When rank 0 reported its failure: a job whose ranks are still there FAILED_GRACE later
+        # (they should have been ended by its MPI_Abort) is stopped.
+        self.rank_failed: float | None = None
+        self.failure: tuple[inventory.Host | None, str] | None = None
+        self.finished = threading.Event()
+
+    def _fail(self, host: inventory.Host | None, why: str) -> None:
+        self.failure = (host, why)
+        self.launch.runtime.stop()
+
+    def run(self) -> None:
+        unreachable: set[str] = set()
+        while not self.finished.wait(self.interval):
+            now = time.monotonic()
+            if now - self.last_output > self.hang_timeout:
+                return self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
+            if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
+                return self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
+            try:
+                states = self.launch.runtime.states()
+            except EdgetrainError:
+                continue
+            if self.finished.is_set():
+                return
+            for st in states:
+                if st.alive:
+                    unreachable.discard(st.host.name)
+                elif st.detail.startswith("unreachable"):
+                    if st.host.name in unreachable:
+                        return self._fail(st.host, f"{st.detail} (out of reach on two checks in a row)")
+                    unreachable.add(st.host.name)
+                else:
+                    return self._fail(st.host, st.detail)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: end (SIGTERM) when this edgetrain dies, however it dies. Hydra
+    then ends the ranks on the host runtime; on the docker runtime the ssh to the head goes, and
+    the containers' leases end the rest."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
+    """Run mpirun, hand its events and other output to the callbacks, and record the end.
+
+    Whatever the end (success, a failed rank or node, a hang, Ctrl-C), the runtime removes what
+    it started and brings the rank logs into the run directory before this returns.
+    """
+    _mark_running(launch)
+    # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
+    proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    launch.runtime.attach(proc)
+    watch = _Watch(launch, launch.request.hang_timeout)
+    watch.start()
+    seen = _Seen()
+    state, code = Status.FAILED, 1
+    try:
+        _pump(launch, proc, watch, seen, on_event, on_output)
+        code = _exit_code(proc.wait(), seen, on_output)
+        if code != 0 and watch.failure is None:
+            _await_dead_node(launch.runtime, watch)
+        state = Status.COMPLETED if code == 0 and watch.failure is None and seen.record_error is None else Status.FAILED
+    except KeyboardInterrupt:
+        state, code = Status.INTERRUPTED, 130
+        _interrupt(launch.runtime, proc, grace)
+    finally:
+        cleanup = _finish(launch, proc, watch, seen, state)
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup)
+    if state == Status.FAILED:
+        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
+    if seen.record_error is not None:
+        raise _unrecorded(launch, outcome, seen.record_error)
+    return outcome
+
+
+@dataclass
+class _Seen:
+    """What the supervising loop saw on mpirun's stream."""
+
+    last: dict = field(default_factory=dict)  # the last epoch's event
+    output: list[str] = field(default_factory=list)  # every line that was not an event
+    first_step: float | None = None  # seconds from the launch to the first step's event
+    finished: bool = False  # every rank passed the final barrier
+    reported: list[failures.Failure] = field(default_factory=list)  # failures rank 0 reported on its stream
+    record_error: EdgetrainError | None = None  # this machine could not record the run (a full disk)
+
+
+def _mark_running(launch: Launch) -> None:
+    try:
+        launch.run.update_info(status=Status.RUNNING.value)
+    except EdgetrainError as exc:
+        # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
+        launch.runtime.stop()
+        problems = launch.runtime.finish(launch.run)
+        launch.lock.release()
+        raise _unrecorded(launch, Outcome(launch.run, 1, Status.FAILED, cleanup_errors=problems), exc) from None
+
+
+def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on_event: Callable[[dict], None],
+          on_output: Callable[[str], None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
+            watch.last_output = time.monotonic()
+        for piece in progress.parse(line):
+            if isinstance(piece, str):
+                seen.output.append(piece)
+                on_output(piece)
+            else:
+                _observe(launch, watch, seen, piece)
+                on_event(piece)
+
+
+def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
+    kind = event["event"]
+    if kind in ("step", "keras") and seen.first_step is None:
+        seen.first_step = time.monotonic() - launch.started
+    elif kind == "epoch":
+        seen.last = event
+    elif kind == "finished":
+        seen.finished = True
+    elif kind == "failed":
+        seen.reported.append(failures.from_event(event))
+        watch.rank_failed = watch.rank_failed or time.monotonic()
+    elif kind == "start" and seen.record_error is None:
+        try:
+            launch.run.update_info(versions={**launch.run.info().get("versions", {}), **event.get("versions", {})})
+        except EdgetrainError as exc:
+            # This machine's disk is full: a run it cannot record is ended now, cleanly.
+            seen.record_error = exc
+            launch.runtime.stop()
+
+
+def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:
+    if seen.finished and code != 0:
+        # Every rank passed the final barrier: Hydra's complaint is about how they ended.
+        on_output(f"every rank finished; mpirun still exited with {code} (recorded as returncode in run.json)")
+        return 0
+    return code
+
+
+def _await_dead_node(rt: runtimes.Runtime, watch: _Watch, seconds: float = 5.0) -> None:
+    """Hydra often ends first when a node goes (its ssh connection closes), sometimes before
+    Docker has recorded the container's end: look for the dead one for a few seconds."""
+    deadline = time.monotonic() + seconds
+    while watch.failure is None and time.monotonic() < deadline:
+        try:
+            states = rt.states()
+        except EdgetrainError:
+            return
+        if not states:
+            return  # nothing to watch (the host runtime)
+        dead = [st for st in states if not st.alive]
+        if dead:
+            watch.failure = (dead[0].host, dead[0].detail)
+            return
+        time.sleep(0.5)
+
+
+def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> None:
+    rt.interrupt()
+    try:  # if the ranks do not end in time, the session goes
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: Status) -> list[str]:
+    """After any end: the watcher stopped, mpirun gone, the runtime's cleanup, the end recorded
+    and the lock released. Returns the problems the cleanup met."""
+    watch.finished.set()
+    # The watcher may be removing containers itself: let it finish before the final cleanup.
+    watch.join(timeout=120)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    cleanup = launch.runtime.finish(launch.run)
+    try:
+        attempts = launch.run.info().get("attempts", [])
+        if attempts:
+            attempts[-1]["first_step_s"] = round(seen.first_step, 1) if seen.first_step is not None else None
+        launch.run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               returncode=proc.returncode, attempts=attempts)
+    except EdgetrainError as exc:
+        seen.record_error = seen.record_error or exc
+    finally:
+        launch.lock.release()
+    return cleanup
+
+
+def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) -> EdgetrainError:
+    """One line for a run this machine could not record (its disk is full): how it ended, and how
+    to go on. run.json keeps its last whole version."""
+    state = outcome.state if outcome is not None else Status.FAILED
+    how = {Status.COMPLETED: "completed", Status.INTERRUPTED: "was interrupted"}.get(state, "failed")
+    finding = outcome.finding if outcome is not None else None
+    if finding is not None and finding.error is not None:
+        who = f"rank {finding.rank} on {finding.host}" if finding.rank is not None else finding.host
+        how += f" ({who + ': ' if who else ''}{finding.error})"
+    if outcome is not None and outcome.cleanup_errors:
+        how += f" (cleanup: {'; '.join(outcome.cleanup_errors)})"
+    cls = Interrupted if state is Status.INTERRUPTED else EdgetrainError
+    fix = exc.fix if state is Status.COMPLETED else f"{exc.fix}, then resume with: {launch.resume_command}"
+    return cls(f"run {launch.run.id} {how}, and this machine could not record it: {exc.problem}", fix)

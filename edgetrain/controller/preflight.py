@@ -1,0 +1,187 @@
+"""Node preflight: every check a run needs on every node of its placement, then an MPI probe
+across the run's containers. ``edgetrain doctor -i`` shows the same checks as a table."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgetrain.controller import containers, gpu, images
+from edgetrain.shared import datasets
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host
+from edgetrain.controller.placement import Placement
+from edgetrain.controller.remote import Nodes
+
+MIN_FREE_DISK = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def probe_report(proc: subprocess.CompletedProcess, failed: str, fix: str) -> dict:
+    """Rank 0's report in a probe's output. It proves every rank started and took part in the gather
+    and the allreduce; how Hydra then judges the ranks' ends (see edgetrain.rank.training.main) does not
+    change that."""
+    reports = [line for line in proc.stdout.splitlines() if line.startswith('{"size"')]
+    if not reports:
+        said = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"]
+        raise EdgetrainError(f"{failed}: {' | '.join(said[-3:])}", fix)
+    return json.loads(reports[-1])
+
+
+@dataclass
+class NodeReport:
+    host: Host
+    checks: list[Check] = field(default_factory=list)
+    runs_dir: str | None = None  # the node's runs directory, absolute
+    image_id: str | None = None
+    data_formats: dict[str, str] = field(default_factory=dict)  # dataset -> format found on the node
+
+    @property
+    def failure(self) -> Check | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+
+def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id: str | None, fix_data: str) -> NodeReport:
+    rep = NodeReport(host)
+
+    def step(name: str, fn: Callable[[], str]) -> bool:
+        try:
+            rep.checks.append(Check(name, True, fn()))
+            return True
+        except EdgetrainError as exc:
+            rep.checks.append(Check(name, False, str(exc)))
+            return False
+
+    def engine() -> str:
+        version = nodes.check(host, ["docker", "version", "--format", "{{.Server.Version}}"], "asking the Docker engine",
+                              "start Docker on the node, and let the ssh user use it (ansible-playbook ... --tags docker)")
+        left = containers.leftovers(nodes, host)
+        if left:
+            raise EdgetrainError(f"container {next(iter(left))} of another run is still on {host.name}",
+                                 "if no run is going: edgetrain clean -i INVENTORY")
+        return f"Docker {version.strip()}"
+
+    def image() -> str:
+        tag = images.image_for(host)
+        proc = nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}}", tag])
+        if proc.returncode != 0:
+            raise EdgetrainError(f"{host.name} has no image {tag}", "edgetrain images distribute -i INVENTORY")
+        rep.image_id, arch = proc.stdout.split()
+        want = images.target_for(host).docker_arch
+        if arch != want:
+            raise EdgetrainError(f"{tag} on {host.name} is {arch}, the node is {want}", "set edgetrain_image to an image of its arch")
+        if expected_id and rep.image_id != expected_id:
+            raise EdgetrainError(f"{tag} on {host.name} is {rep.image_id[7:19]}, this machine's is {expected_id[7:19]}",
+                                 "edgetrain images distribute -i INVENTORY")
+        return f"{tag} {rep.image_id[7:19]} ({arch})"
+
+    def data(dataset: str) -> Callable[[], str]:
+        def check() -> str:
+            where = f"{host.datasets_dir}/{dataset}"
+            script = f"cd {shlex.quote(where)} 2>/dev/null && sha256sum -- {' '.join(datasets.candidate_names(dataset))} 2>/dev/null; true"
+            out = nodes.check(host, ["sh", "-c", script], "hashing the dataset")
+            digests = {name: digest for digest, name in (line.split(None, 1) for line in out.splitlines() if line.strip())}
+            rep.data_formats[dataset] = datasets.choose_format(dataset, digests, f"{host.name}:{where}", fix_data)
+            return f"{dataset} ({rep.data_formats[dataset]}) in {where}, sha256 verified"
+        return check
+
+    def disk() -> str:
+        d = host.runs_dir
+        out = nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && pwd && df -Pk ."], f"creating {d}")
+        lines = out.splitlines()
+        rep.runs_dir, free = lines[0], int(lines[-1].split()[3]) * 1024
+        if free < MIN_FREE_DISK:
+            raise EdgetrainError(f"only {free / 1024**3:.1f} GiB free in {rep.runs_dir} on {host.name}",
+                                 "free some disk or set edgetrain_runs_dir for the node")
+        return f"{rep.runs_dir}, {free / 1024**3:.0f} GiB free"
+
+    def ssh() -> str:
+        said = nodes.check(host, ["true"], "ssh")
+        if said.strip():
+            # Every answer edgetrain reads from a node would start with this text.
+            raise EdgetrainError(f"the login shell of {host.ssh_target} prints text for commands run over ssh "
+                                 f"({said.strip().splitlines()[0][:60]!r})",
+                                 "make the shell's startup files print only in interactive shells (e.g. test $- for i in ~/.bashrc)")
+        return f"{host.ssh_target} port {host.port}"
+
+    if not step("ssh", ssh):
+        return rep
+    if step("docker", engine) and step("image", image) and host.is_gpu:
+        # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
+        step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
+    for dataset in wanted:
+        step("dataset", data(dataset))
+    step("disk", disk)
+    return rep
+
+
+def check_nodes(nodes: Nodes, plan: Placement, wanted: tuple[str, ...], inventory_source: Path) -> list[NodeReport]:
+    """Every check on every node of the placement, in parallel; nothing is changed but run dirs."""
+    expected = {tag: images.local_image_id(tag) for tag in {images.image_for(h) for h in plan.hosts}}
+    fix_data = f"stage it: ansible-playbook -i {inventory_source} playbooks/site.yml --tags datasets"
+    with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
+        reports = list(pool.map(lambda h: _node_checks(nodes, h, wanted, expected[images.image_for(h)], fix_data), plan.hosts))
+    # With no copy on this machine to compare with, the nodes must at least agree with each other.
+    for tag, want in expected.items():
+        held = [r for r in reports if images.image_for(r.host) == tag and r.image_id]
+        if want is None and held:
+            ref = held[0]
+            for r in held[1:]:
+                if r.image_id != ref.image_id:
+                    r.checks.append(Check("image", False, f"{tag} on {r.host.name} is {r.image_id[7:19]} but {ref.image_id[7:19]} on {ref.host.name}"))
+    return reports
+
+
+def require(reports: list[NodeReport]) -> None:
+    for r in reports:
+        if r.failure:
+            raise EdgetrainError(f"preflight: {r.host.name}: {r.failure.name}: {r.failure.detail}")
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    ranks: list[dict]
+    seconds: float
+
+
+PROBE_FIX = "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345"
+
+
+def _probe_once(running: containers.Containers, timeout: float) -> dict:
+    proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.rank.probe"]), capture_output=True, text=True, timeout=timeout)
+    return probe_report(proc, f"the MPI probe across {running.plan.np} ranks failed", PROBE_FIX)
+
+
+def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
+    """mpi4py across the planned ranks inside the containers: where each runs, with what, and one allreduce."""
+    start = time.monotonic()
+    # No second try: the probe's occasional "process manager error waiting for completion" was
+    # Hydra taking the ranks' ends for deaths, which edgetrain.rank.pmi prevents.
+    try:
+        report = _probe_once(running, timeout)
+    except subprocess.TimeoutExpired:
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s", PROBE_FIX) from None
+    if not report["allreduce_ok"]:
+        raise EdgetrainError(f"the MPI probe's allreduce over {report['size']} ranks gave a wrong sum")
+    keys = ("tensorflow", "horovod", "mpi")
+    ref = report["ranks"][0]
+    for r in report["ranks"]:
+        for k in keys:
+            if r[k] != ref[k]:
+                raise EdgetrainError(f"rank {r['rank']} on {r['host']} has {k} {r[k]}, rank 0 on {ref['host']} has {ref[k]}",
+                                     "rebuild and distribute the images so every node runs the same versions")
+    return ProbeReport(report["ranks"], time.monotonic() - start)
+
+

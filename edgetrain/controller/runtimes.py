@@ -1,0 +1,310 @@
+"""Where the ranks run: on the hosts themselves (``host``) or in the edgetrain image on every node
+(``docker``). Both sit behind one small interface, so the launcher never asks which it has.
+
+A runtime is made by checking its nodes (``checked``: what the checks found is part of it, so
+every method works from then on), stages what a run needs there (the shipped working directory,
+the datasets), starts whatever the ranks run in, gives the ``mpirun`` command line, is told the
+``mpirun`` process (``attach``), reports whether each node is still alive, interrupts or stops
+the ranks, and removes everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from edgetrain.controller import containers, images, preflight, requirements, shipping
+from edgetrain.shared import datasets, mpi, runs, workdir
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.controller.inventory import Host, Inventory
+from edgetrain.controller.placement import Placement
+from edgetrain.controller.program import Program
+from edgetrain.controller.remote import Nodes
+
+CHECK_PORTS = (
+    "import socket, sys\n"
+    "for p in sys.argv[1:]:\n"
+    "    s = socket.socket()\n"
+    "    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "    try:\n"
+    "        s.bind(('', int(p)))\n"
+    "    except OSError:\n"
+    "        print(p)\n"
+    "    s.close()\n"
+)
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    """The part both runtimes share: the placement, the ssh session to the nodes, and what ranks see."""
+
+    name: ClassVar[str] = ""
+    python: ClassVar[str] = sys.executable  # the ranks' Python
+    plan: Placement
+    inventory: Inventory
+    nodes: Nodes
+    versions: dict = field(default_factory=dict)
+    log: Callable[[str], None] = print
+    shipped: list[shipping.Shipped] = field(default_factory=list)
+    probe_seconds: float | None = None
+    mpirun_process: subprocess.Popen | None = None  # once attached
+
+    @classmethod
+    def checked(cls, plan: Placement, inventory: Inventory, program: Program, *, data_dir: Path | None = None,
+                log: Callable[[str], None] = print) -> Runtime:
+        """The runtime for ``plan`` once every check that needs no run directory has passed
+        (``data_dir``: where this machine keeps its datasets, for the host runtime)."""
+        nodes = Nodes()
+        try:
+            found = cls.check(nodes, plan, inventory, program, data_dir, log)
+        except BaseException:
+            nodes.close()
+            raise
+        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, **found)
+
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        """Every check that needs no run directory; raises on the first failure, else returns what
+        it found (this runtime's fields)."""
+        raise NotImplementedError
+
+    # -- what the ranks see -------------------------------------------------------------------
+    def run_dir(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    def store(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    def data_dir(self, run: runs.Run) -> str:
+        raise NotImplementedError
+
+    # -- the steps of a launch ----------------------------------------------------------------
+    def check_ports(self, ports: dict[str, list[int]], strategy: str) -> None:
+        """Refuse ports (per host name) that something already listens on."""
+        for h in self.plan.hosts:
+            wanted = [str(p) for p in ports.get(h.name, [])]
+            if not wanted:
+                continue
+            python = sys.executable if h.is_local else "python3"
+            busy = self.nodes.check(h, [python, "-c", CHECK_PORTS, *wanted], "checking ports").split()
+            if busy:
+                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; {strategy} needs ports "
+                                     f"{wanted[0]}-{wanted[-1]} there", "pass another --tf-port")
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        raise NotImplementedError
+
+    def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
+        """Ship the working directory to every node's store and leave its manifest in the run dir."""
+        if manifest is None:
+            return
+        dirs = self.node_run_dirs(run)
+        body = manifest.to_json()
+        for h in self.plan.hosts:
+            store = containers.store_dir(dirs[h.name])
+            self.shipped.append(shipping.ship(self.nodes, h, store, manifest))
+            target = f"{dirs[h.name]}/{workdir.MANIFEST}"
+            self.nodes.check(h, ["sh", "-c", f"mkdir -p {shlex.quote(dirs[h.name])} && cat > {shlex.quote(target)}"],
+                             "writing the working directory's manifest", input=body)
+
+    def start(self, run: runs.Run) -> None:
+        """Start what the ranks run in (nothing on the host runtime)."""
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def attach(self, process: subprocess.Popen) -> None:
+        """The ``mpirun`` started from ``mpirun()``'s command line, in a session of its own."""
+        self.mpirun_process = process
+
+    def states(self) -> list[containers.NodeState]:
+        """Each node's state while the run goes on; empty when there is nothing to watch."""
+        return []
+
+    def stop(self) -> None:
+        """End every rank at once (the watcher's way out, and a disk full before the start)."""
+
+    def interrupt(self) -> None:
+        """Ctrl-C: the ranks are asked to end; the launcher waits a grace period, then kills mpirun."""
+        self.stop()
+
+    def finish(self, run: runs.Run) -> list[str]:
+        """Remove what was started and bring the rank logs home; the problems met doing so."""
+        self.nodes.close()
+        return []
+
+    def record(self, run: runs.Run) -> dict:
+        return {}
+
+
+@dataclass(kw_only=True)
+class HostRuntime(Runtime):
+    """Ranks run on the hosts themselves, ``mpirun`` on this machine (the embedded default)."""
+
+    name: ClassVar[str] = "host"
+    mpirun_exe: str
+    required: dict[str, datasets.DatasetFiles]  # the datasets the program names
+    staged: dict[str, datasets.DatasetFiles]  # every dataset this machine has, the required ones among them
+
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        if not plan.head.is_local:
+            raise EdgetrainError(
+                f"the host runtime starts mpirun on this machine, but rank 0's host {plan.head.name} is another machine",
+                "use --runtime docker, or run edgetrain on the head node",
+            )
+        mpirun_exe = mpi.mpirun_path()
+        required = {d: datasets.locate(d, data_dir) for d in program.datasets}
+        # As on a provisioned node, every dataset this machine has is staged, so that a script's
+        # Keras load_data() finds it offline without naming it; --dataset only makes one required.
+        staged = dict(required)
+        for d in datasets.DATASETS:
+            if d not in staged:
+                try:
+                    staged[d] = datasets.locate(d, data_dir)
+                except EdgetrainError:
+                    pass
+        if program.requirements is not None:
+            requirements.install_here(program.requirements, requirements.read(program.requirements), log)
+        return {"mpirun_exe": mpirun_exe, "required": required, "staged": staged,
+                "versions": {"python": sys.version.split()[0], "mpich": mpi.mpich_version(mpirun_exe)}}
+
+    def run_dir(self, run: runs.Run) -> str:
+        return str(run.path.resolve())
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        return {h.name: self.run_dir(run) for h in self.plan.hosts}
+
+    def store(self, run: runs.Run) -> str:
+        return containers.store_dir(self.run_dir(run))
+
+    def data_dir(self, run: runs.Run) -> str:
+        return str((run.path / "data").resolve())
+
+    def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
+        # The ranks find every dataset under one directory, as they do in a container.
+        for found in self.staged.values():
+            d = run.path / "data" / found.dataset
+            d.mkdir(parents=True, exist_ok=True)
+            for p in found.paths:
+                (d / p.name).unlink(missing_ok=True)
+                (d / p.name).symlink_to(p.resolve())
+        super().stage(run, manifest)
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        iface = self.plan.head.iface if len(self.plan.hosts) > 1 else None
+        argv = mpi.mpirun_argv(self.mpirun_exe, str(run.machinefile), self.plan.np, iface, self.plan.rank_env, ssh=False)
+        return [*argv, *worker]
+
+    def stop(self) -> None:
+        process = self.mpirun_process
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # Hydra ends the ranks
+
+    def interrupt(self) -> None:
+        if self.mpirun_process is not None:
+            self.mpirun_process.send_signal(signal.SIGINT)  # Hydra forwards it to every rank
+
+    def record(self, run: runs.Run) -> dict:
+        return {"dataset": {name: {"format": f.fmt, "files": {str(p): datasets.sha256_file(p) for p in f.paths}}
+                            for name, f in self.required.items()}}
+
+
+@dataclass(kw_only=True)
+class DockerRuntime(Runtime):
+    """One container of the node's image per node; ``mpirun`` inside the rank-0 container."""
+
+    name: ClassVar[str] = "docker"
+    python: ClassVar[str] = containers.PYTHON
+    reports: list[preflight.NodeReport]  # what preflight found on each node
+    containers: containers.Containers | None = None  # once started
+
+    @staticmethod
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+              log: Callable[[str], None]) -> dict:
+        reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
+        preflight.require(reports)
+        if program.requirements is not None:
+            lines = requirements.read(program.requirements)
+            with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
+                lacking = list(pool.map(lambda h: requirements.missing_in_image(nodes, h, images.image_for(h), lines), plan.hosts))
+            for h, missing in zip(plan.hosts, lacking):
+                if missing:
+                    raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
+                                         f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))
+        return {"reports": reports}
+
+    def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
+        return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}
+
+    def run_dir(self, run: runs.Run) -> str:
+        return containers.RUN_MOUNT
+
+    def store(self, run: runs.Run) -> str:
+        return containers.STORE_MOUNT
+
+    def data_dir(self, run: runs.Run) -> str:
+        return containers.DATA_MOUNT
+
+    def start(self, run: runs.Run) -> None:
+        self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
+        self.containers.start()
+        probed = preflight.probe(self.nodes, self.containers)
+        r0 = probed.ranks[0]
+        self.versions = {"mpich": r0["mpi"], "tensorflow": r0["tensorflow"], "horovod": r0["horovod"]}
+        self.probe_seconds = probed.seconds
+
+    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+        assert self.containers is not None
+        return self.containers.mpirun(worker)
+
+    def states(self) -> list[containers.NodeState]:
+        return self.containers.states() if self.containers is not None else []
+
+    def stop(self) -> None:
+        if self.containers is not None:
+            self.containers.remove()  # ends mpirun and every rank with their containers
+
+    def finish(self, run: runs.Run) -> list[str]:
+        failed: list[str] = []
+        if self.containers is not None:
+            failed = self.containers.remove()
+            dirs = self.node_run_dirs(run)
+            for host in self.plan.hosts:
+                if host.name in self.containers.unreachable:
+                    failed.append(f"{host.name}: rank logs not copied (unreachable); they stay in {dirs[host.name]} there")
+                    continue
+                names = ["rank.*.log", "rank.*.failure.json", "rank.*.ended"]
+                if host is self.plan.head:
+                    names += ["metrics.jsonl", "outputs.json"]
+                try:
+                    refused = self.nodes.fetch(host, dirs[host.name], names, run.path, timeout=120)
+                    failed += [f"{host.name}: not copied: {r}" for r in refused]
+                except EdgetrainError as exc:
+                    failed.append(f"{host.name}: logs not copied: {exc}")
+        self.nodes.close()
+        return failed
+
+    def record(self, run: runs.Run) -> dict:
+        dirs = self.node_run_dirs(run)
+        return {"nodes": {r.host.name: {"runs_dir": dirs[r.host.name], "image": images.image_for(r.host), "image_id": r.image_id}
+                          for r in self.reports},
+                "dataset": {d: {"format": self.reports[0].data_formats.get(d), "verified_on": [r.host.name for r in self.reports]}
+                            for d in self.reports[0].data_formats}}
+
+
+RUNTIMES = {"host": HostRuntime, "docker": DockerRuntime}
+
+
+def host_of(plan: Placement, address: str) -> Host | None:
+    return next((h for h in plan.hosts if h.address == address or h.name == address), None)

@@ -1,0 +1,348 @@
+"""What every rank runs: ``mpirun ... python -m edgetrain.rank.worker [options] -- SCRIPT [ARGS...]``.
+
+A middleman between Hydra and the program (the user's script, or a built-in job's module): it
+sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts the program in
+the rank's working copy of the shipped folder with the node's datasets where Keras looks for
+them, sets up the rank's environment as its strategy says (edgetrain.shared.strategies), and records how the rank
+ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
+list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import runpy
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+from edgetrain.shared import failures, workdir
+from edgetrain.rank import pmi
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.progress import Events
+from edgetrain.shared.runs import OUTPUTS, RUN_AS
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, horovod_module
+
+# Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
+KERAS_LAYOUT = {
+    "fashion-mnist": ("fashion-mnist", ("train-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
+                                        "t10k-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz")),
+    "mnist": ("", ("mnist.npz",)),
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="edgetrain.rank.worker")
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--store", type=Path, help="the node's file store (with --workdir-manifest)")
+    p.add_argument("--data", type=Path, help="the node's datasets, DIR/<dataset>/<files>")
+    p.add_argument("--strategy", choices=tuple(STRATEGIES), default=DEFAULT)
+    p.add_argument("--peers", default="", help="what the strategy tells every rank (tf-multiworker: host:port of every worker, in rank order)")
+    p.add_argument("--job-name", default="", help="names the run's checkpoints (EDGETRAIN_JOB)")
+    p.add_argument("--resume-from", default="", help="the checkpoint a resumed run starts from (EDGETRAIN_RESUME_FROM)")
+    p.add_argument("--quiet", action="store_true", help="rank 0's output goes to its log only (the program reports events)")
+    p.add_argument("--module", action="store_true", help="the program is a module name, not a script path")
+    p.add_argument("program")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    return p.parse_args(argv)
+
+
+def run_as_login_user(record: Path = Path(RUN_AS)) -> None:
+    """Ranks start as root in a container; they run as the node's login user, so the checkpoints,
+    logs and outputs they write in the node's run directory are that user's to collect and delete."""
+    if os.getuid() != 0 or not record.is_file():
+        return
+    uid, gid = (int(x) for x in record.read_text().split(":"))
+    if uid == 0:
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    home = Path(tempfile.gettempdir()) / f"edgetrain-home-{uid}"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.environ["HOME"] = str(home)  # root's home is not the user's to write (Keras' cache lives there)
+
+
+def rank_and_size() -> tuple[int, int]:
+    return int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
+
+
+def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
+    """Point fds 1 and 2 (TensorFlow's C++ logging included) at the rank log, or through a pipe
+    that a thread copies to both the log and the console. Returns a dup of the original stdout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    console = os.dup(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pump = None
+    if tee:
+        r, w = os.pipe()
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+
+        def copy() -> None:
+            # The pipe is drained whatever happens to the log: a full disk must not block the rank
+            # writing its output (it would hang there, and its peers in their next collective).
+            log_ok = console_ok = True
+            while block := os.read(r, 65536):
+                if log_ok:
+                    log_ok = _write_all(log_fd, block)
+                if console_ok:
+                    console_ok = _write_all(console, block)
+
+        pump = threading.Thread(target=copy, daemon=True)
+        pump.start()
+    else:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return console, pump
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    """Write all of ``data``; False (and nothing raised) once the file cannot take more."""
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+        return True
+    except OSError:
+        return False
+
+
+def _say(text: str) -> None:
+    """A line in the rank's log, given up if the log's disk is full."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
+def link_datasets(data: Path, keras_home: Path) -> list[str]:
+    """Make the node's datasets appear in Keras' cache; files already there are left alone."""
+    linked = []
+    for dataset, (subdir, names) in KERAS_LAYOUT.items():
+        for name in names:
+            src = data / dataset / name
+            dst = keras_home / "datasets" / subdir / name
+            if src.is_file() and not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.unlink(missing_ok=True)  # a dangling link from an older run
+                try:
+                    dst.symlink_to(src.resolve())
+                except FileExistsError:
+                    pass  # another rank of this node, sharing the cache, made it just now
+                linked.append(dataset)
+    return sorted(set(linked))
+
+
+def keras_home() -> Path:
+    """``~/.keras``, or ``/tmp/.keras`` where Keras falls back when the home is not writable."""
+    home = Path(os.path.expanduser("~")) / ".keras"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / ".keras"
+
+
+def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Manifest | None) -> None:
+    """Rank 0's files for ``collect``: new or changed in its working copy, and the output dir."""
+    work = workdir.changed(manifest, cwd) if manifest is not None else {}
+    out = workdir.changed(workdir.Manifest(outputs, ()), outputs) if outputs.is_dir() else {}
+    tmp = run_dir / f".{OUTPUTS}.tmp"
+    try:
+        tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
+        os.replace(tmp, run_dir / OUTPUTS)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written list is left behind
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.args[:1] == ["--"]:
+        args.args = args.args[1:]
+    run_as_login_user()
+    rank, size = rank_and_size()
+    run_dir = args.run_dir
+    failures.clear(run_dir, rank)
+    # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
+    events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0)
+    host = socket.gethostname()
+    _say(f"rank {rank}/{size} on {host} (pid {os.getpid()})")
+    # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
+    # hook removes, and the os._exit below skips those hooks: they go in a directory of our own.
+    scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
+    code = 1
+    try:
+        code = _run(args, rank, size, host, console, events)
+    except BaseException as exc:  # noqa: BLE001 - a failure of edgetrain's own tail (a full disk...)
+        _failed(run_dir, rank, host, events, exc)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        # Whatever happened above, this rank ends here (never through Python's own exit, whose
+        # atexit hooks wait on MPI), and a failed rank takes the job down with it.
+        _end(code, scratch, pump, abort=size > 1 and code not in (0, 130))
+
+
+def _failed(run_dir: Path, rank: int, host: str, events: Events, exc: BaseException, **how) -> None:
+    """Record a failure: traceback in the log, a failure record, and (rank 0) a "failed" event on
+    the launcher's stream, which needs no disk: on a full disk it is all that gets through."""
+    tb = traceback.format_exc() if "tb" not in how else how.pop("tb")
+    error = how.pop("error", None)
+    if error is None and isinstance(exc, EdgetrainError):
+        error, how["fix"] = exc.problem, exc.fix  # edgetrain's own words, from the strategy's set-up
+    if error is None:
+        error, how["fix"] = failures.disk_full(exc, run_dir) or (f"{type(exc).__name__}: {exc}", None)
+    try:
+        sys.stderr.write(tb or "")
+        sys.stderr.flush()
+    except OSError:
+        pass  # the log's disk is full: the record (if it fits) and the event still follow
+    f = failures.write(run_dir, rank, host, error, tb, **how)
+    try:
+        events.emit("failed", **{k: v for k, v in f.__dict__.items() if k != "traceback"})
+    except (OSError, ValueError):
+        pass
+
+
+def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int, events: Events) -> int:
+    """Run the program, then (rank 0) list its outputs and (Horovod) wait for every rank at the
+    final barrier. Returns the rank's exit status."""
+    run_dir = args.run_dir
+    # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
+    private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
+    cwd, outputs = private / "work", private / "outputs"
+    manifest = None
+    code = 0
+    try:
+        manifest_file = run_dir / workdir.MANIFEST
+        if args.store is not None and manifest_file.is_file():
+            manifest = workdir.Manifest.from_json(manifest_file.read_text())
+            workdir.materialize(manifest, args.store, cwd)
+        cwd.mkdir(parents=True, exist_ok=True)
+        outputs.mkdir(parents=True, exist_ok=True)
+        os.chdir(cwd)
+        os.environ.update(EDGETRAIN_RUN_DIR=str(run_dir), EDGETRAIN_OUTPUT_DIR=str(outputs), EDGETRAIN_RANK=str(rank),
+                          EDGETRAIN_JOB=args.job_name)
+        if args.resume_from:
+            os.environ["EDGETRAIN_RESUME_FROM"] = args.resume_from
+        if rank == 0:
+            os.environ["EDGETRAIN_EVENTS_FD"] = str(console)
+        if args.data is not None:
+            os.environ["EDGETRAIN_DATA"] = str(args.data)
+            link_datasets(args.data, keras_home())
+        STRATEGIES[args.strategy].set_up_rank(rank, args.peers)
+        if args.module:
+            sys.argv = [args.program, *args.args]
+            runpy.run_module(args.program, run_name="__main__", alter_sys=True)
+        else:
+            script = str(cwd / args.program) if manifest is not None else args.program
+            sys.argv = [script, *args.args]
+            sys.path.insert(0, str(Path(script).parent))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            code = exc.code if isinstance(exc.code, int) else 1
+            _failed(run_dir, rank, host, events, exc, error=f"the program exited with status {exc.code}", tb=None, kind=failures.Kind.EXIT)
+    except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
+        _failed(run_dir, rank, host, events, exc)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    unmet = STRATEGIES[args.strategy].unmet(size) if code == 0 else None
+    if unmet is not None:
+        failures.write(run_dir, rank, host, unmet.error, None, fix=unmet.fix, kind=unmet.kind)
+        code = 1
+    if rank == 0:
+        try:
+            record_outputs(run_dir, cwd, outputs, manifest)
+        except OSError as exc:
+            _say(f"edgetrain: could not list rank 0's outputs: {exc}")
+    hvd = horovod_module()
+    if code == 0 and hvd is not None:
+        try:
+            failures.mark_ended(run_dir, rank)
+        except OSError:
+            pass  # a hint for the launcher's attribution, not needed to finish
+        try:
+            # An allreduce is a barrier: once it completes every rank has run its program to the end.
+            hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
+            events.emit("finished")
+        except BaseException as exc:  # noqa: BLE001
+            said = str(exc).split("}}")[-1].strip().splitlines()[0] if str(exc) else type(exc).__name__
+            failures.write(run_dir, rank, host, "its script ended while other ranks were still training",
+                           traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
+                           kind=failures.Kind.ENDED_EARLY)
+            code = 1
+    return code
+
+
+def _end(code: int, scratch: str, pump: threading.Thread | None, abort: bool = False) -> None:
+    """End without MPI_Finalize or atexit hooks: MPICH 4.0.2's ch4:ucx can hang in MPI_Finalize
+    for good when two ranks of a node and ranks of other nodes talk over TCP (seen on the
+    testbed). Hydra is told the end is meant (edgetrain.rank.pmi), else it may report a rank that
+    finished as dead; the launcher still goes by the "finished" event.
+
+    A failed rank (``abort``) calls MPI_Abort: a rank that merely exits is not enough for Hydra
+    to end the others (seen on the testbed: rank 0 failed on a full disk, and the ranks of the
+    other nodes waited in their allreduce for good). Nothing here may keep the rank from ending
+    (a flush into a full disk raises, an abort could block): os._exit comes last, whatever."""
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(scratch, ignore_errors=True)
+        if abort:
+            _abort_job(code)
+        else:
+            pmi.finalize()
+        if pump is not None:
+            os.close(1)
+            os.close(2)
+            pump.join(timeout=5)
+    finally:
+        os._exit(code)
+
+
+MPI_COMM_WORLD = 0x44000000  # MPICH's handle (mpi.h)
+ABORT_GRACE = 15.0  # seconds MPI_Abort may take before this rank ends regardless
+
+
+def _abort_job(code: int) -> None:
+    """MPI_Abort(MPI_COMM_WORLD) if this process initialized MPI (Horovod does, from the MPI
+    library it loaded): Hydra then ends every rank of the job on every node."""
+    try:
+        with open("/proc/self/maps") as maps:
+            lib = next((line.split()[-1] for line in maps if re.search(r"/libmpi(ch)?(_\w+)?\.so", line)), None)
+        if lib is None:
+            return
+        mpi = ctypes.CDLL(lib)
+        initialized, finalized = ctypes.c_int(0), ctypes.c_int(0)
+        if mpi.MPI_Initialized(ctypes.byref(initialized)) != 0 or not initialized.value:
+            return
+        if mpi.MPI_Finalized(ctypes.byref(finalized)) != 0 or finalized.value:
+            return
+    except (OSError, AttributeError):
+        return
+    threading.Timer(ABORT_GRACE, os._exit, (code,)).start()
+    mpi.MPI_Abort(ctypes.c_int(MPI_COMM_WORLD), ctypes.c_int(code))
+
+
+if __name__ == "__main__":
+    main()

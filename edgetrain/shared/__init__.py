@@ -1,0 +1,3 @@
+"""What the controller and the ranks both use: the files and events they meet in (run
+directories, checkpoints, failure records, progress events, the shipped working directory), the
+strategies, the job options and the jobs' registry, datasets, MPICH's Hydra, and errors."""

@@ -1,0 +1,115 @@
+"""Checkpoints: one directory per epoch, written atomically, described by a sha256 manifest.
+
+``checkpoints/epoch-0003/`` holds the files a job saved and ``manifest.json`` (job, epoch,
+metrics, and the sha256 of every file). The directory is assembled under a temporary name and
+renamed into place, so a reader sees either a whole checkpoint or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgetrain.shared.datasets import sha256_file
+from edgetrain.shared.errors import EdgetrainError
+
+MANIFEST = "manifest.json"
+PREFIX = "epoch-"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    manifest: dict
+
+    @property
+    def epoch(self) -> int:
+        return int(self.manifest["epoch"])
+
+    @property
+    def job(self) -> str:
+        return str(self.manifest["job"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path], None], extra: dict | None = None) -> Checkpoint:
+    """Let ``save`` write files into a fresh directory, then publish it as epoch ``epoch``."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{epoch:04d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}."))
+    try:
+        save(tmp)
+        files = {}
+        for p in sorted(tmp.rglob("*")):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+                files[p.relative_to(tmp).as_posix()] = sha256_file(p)
+        manifest = {
+            "job": job,
+            "epoch": epoch,
+            "metrics": metrics,
+            "files": files,
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": socket.gethostname(),
+            **(extra or {}),
+        }
+        with open(tmp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():
+            # A resumed run re-doing an epoch replaces its own older copy of that epoch.
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Checkpoint(final, manifest)
+
+
+def read(path: Path) -> Checkpoint:
+    try:
+        return Checkpoint(path, json.loads((path / MANIFEST).read_text()))
+    except (OSError, ValueError) as exc:
+        raise EdgetrainError(f"checkpoint {path} has no readable manifest ({exc})") from None
+
+
+def all_in(root: Path) -> list[Checkpoint]:
+    """Published checkpoints, oldest first; half-written temporary directories are not listed."""
+    if not root.is_dir():
+        return []
+    found = [read(p) for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda c: c.epoch)
+
+
+def latest(root: Path) -> Checkpoint | None:
+    found = all_in(root)
+    return found[-1] if found else None
+
+
+def verify(ckpt: Checkpoint, base: Path | None = None) -> None:
+    """Check every file of a checkpoint (or of a copy of it under ``base``) against the manifest."""
+    where = base or ckpt.path
+    for name, digest in ckpt.manifest["files"].items():
+        p = where / name
+        if not p.is_file():
+            raise EdgetrainError(f"checkpoint {where} is missing {name}")
+        actual = sha256_file(p)
+        if actual != digest:
+            raise EdgetrainError(f"checkpoint file {p} does not match its manifest (sha256 {actual[:16]}..., expected {digest[:16]}...)")

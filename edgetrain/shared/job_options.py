@@ -1,0 +1,182 @@
+"""The built-in jobs' options, each declared once: name, type, default, help, check, and whether a
+checkpoint records it. Everything else is derived from ``OPTIONS``: the ``run`` and ``bench``
+commands' options (``with_job_options``), ``JobOptions``, the checks, the worker's command line
+for ``edgetrain.rank.training`` (``argv``), its argument parser (``add_arguments``) and what a resume
+must repeat (``recorded``). A user script takes its own options after ``--``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
+from typing import Annotated, Any, Optional
+
+from edgetrain.shared.errors import UsageError
+from edgetrain.shared.learning_rate import WARMUP_EPOCHS
+
+# The problem with a value, and how to fix it; None: the value is fine.
+Check = Callable[[Any], "tuple[str, str | None] | None"]
+
+
+def at_least(low: int) -> Check:
+    words = "at least 1" if low == 1 else f"{low} or more"
+    return lambda v: (f"must be {words}", None) if v < low else None
+
+
+def _warmup(v: float) -> tuple[str, str] | None:
+    return None if v >= 0 else ("must be a number of epochs, 0 or more", "use 0 for no warmup")  # also refuses nan
+
+
+def _power(v: float) -> tuple[str, str] | None:
+    return None if 0 <= v <= 1 else ("must be a power between 0 and 1", "1 scales linearly, 0.5 as the square root")
+
+
+def _fraction(v: float) -> tuple[str, str] | None:
+    return None if 0 < v <= 1 else ("must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
+
+
+class Recorded:
+    """Whether a checkpoint records an option, so that a resume must repeat it."""
+
+    NEVER = "never"
+    ALWAYS = "always"
+    # Only when it differs from its default: checkpoints from before the option existed still
+    # match a resume that does not give it.
+    WHEN_SET = "when set"
+
+
+@dataclass(frozen=True)
+class JobOption:
+    name: str  # the attribute; the flag is --name-with-dashes
+    type: type
+    default: Any  # None for epochs and batch size: the job's own
+    help: str
+    check: Check | None = None
+    metavar: str | None = None
+    recorded: str = Recorded.NEVER
+    help_in: dict[str, str] = field(default_factory=dict)  # another help text in one command (bench)
+    # On the worker's command line even at its default, so a run's recorded arguments show it. The
+    # others appear only when set, so that an image built before they existed still runs the rest.
+    always_passed: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def typer_annotation(self, command: str):
+        import typer
+
+        kind = self.type if self.default is not None else Optional[self.type]
+        decls = (self.flag,) if self.type is bool else ()
+        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help))]
+
+
+OPTIONS: tuple[JobOption, ...] = (
+    JobOption("epochs", int, None, "Jobs: train until this many epochs are done (default 1).", at_least(1), always_passed=True),
+    JobOption("batch_size", int, None, "Jobs: per-rank batch size (lenet 64, fashion 32); the learning rate scales with it.",
+              at_least(1), recorded=Recorded.ALWAYS, always_passed=True),
+    JobOption("max_steps", int, None, "Jobs: at most this many training steps and validation batches per epoch.", at_least(1)),
+    JobOption("seed", int, 42, "Jobs: random seed (bench: of its first try; try k uses SEED + k - 1).", at_least(0),
+              always_passed=True),
+    JobOption("target_accuracy", float, None, "Jobs: stop once the averaged validation accuracy reaches this fraction.", _fraction,
+              help_in={"bench": "Time to this rank-averaged validation accuracy (default: the job's, lenet 0.985)."}),
+    JobOption("warmup_epochs", float, WARMUP_EPOCHS, "Jobs: epochs of linear learning-rate warmup to the scaled rate.", _warmup,
+              always_passed=True),
+    JobOption("lr_scaling", float, 1.0, "Jobs: the learning rate grows with the images an update averages (ranks x accumulated "
+              "batches x batch size / the job's) to this power: 1 linear, 0.5 square root, 0 not at all.", _power, metavar="POWER"),
+    JobOption("eval_every", int, None, "Jobs: also evaluate every this many training steps, not only after each epoch (time to "
+              "--target-accuracy in steps, not epochs).", at_least(1), metavar="STEPS",
+              help_in={"bench": "Jobs: evaluate every this many steps (default: four times an epoch)."}),
+    JobOption("eval_examples", int, None, "Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).",
+              at_least(1), metavar="N"),
+    JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
+              recorded=Recorded.WHEN_SET),
+    JobOption("backward_passes_per_step", int, 1, "Jobs: accumulate N batches' gradients per allreduce and update; the learning "
+              "rate scales with ranks x N.", at_least(1), metavar="N", recorded=Recorded.WHEN_SET),
+    JobOption("steps_per_execution", int, 8, "Jobs: training steps per call of the compiled step function (Keras' "
+              "steps_per_execution): Python's per-step cost is paid once per N.", at_least(1), metavar="N", always_passed=True),
+    JobOption("tf_threads", int, None, "Jobs: TensorFlow's intra-op threads per rank (default: the node's cores divided among its "
+              "ranks).", at_least(1), metavar="N"),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+EXTRA_HELP = "Jobs: an option the job declares (fashion: depth=2, width=16); repeatable."
+
+
+def _given(self) -> list[str]:
+    """The options that differ from their defaults, as the user would have typed them."""
+    return [o.flag for o in OPTIONS if getattr(self, o.name) != o.default] + [f"-o {k}=..." for k in self.extra]
+
+
+def _check(self) -> None:
+    """Each given value against its option's check: one UsageError for the first that fails."""
+    for o in OPTIONS:
+        value = getattr(self, o.name)
+        problem = o.check(value) if o.check is not None and value is not None else None
+        if problem is not None:
+            raise UsageError(f"{o.flag} {value} {problem[0]}", problem[1])
+
+
+# The built-in jobs' options; ``extra`` holds the job's own (``-o width=8``), as its JobSpec declares them.
+JobOptions = make_dataclass(
+    "JobOptions",
+    [(o.name, Optional[o.type] if o.default is None else o.type, field(default=o.default)) for o in OPTIONS]
+    + [("extra", dict, field(default_factory=dict))],
+    frozen=True, namespace={"given": _given, "check": _check, "__module__": __name__},
+)
+
+
+def argv(values: dict[str, Any]) -> list[str]:
+    """``edgetrain.rank.training``'s command line for resolved values (JobOption.always_passed)."""
+    out: list[str] = []
+    for o in OPTIONS:
+        value = values[o.name]
+        if value is None or value is False or (value == o.default and not o.always_passed):
+            continue
+        out += [o.flag] if o.type is bool else [o.flag, str(value)]
+    return out
+
+
+def add_arguments(parser) -> None:
+    """The same options on ``edgetrain.rank.training``'s argparse parser, with the same defaults."""
+    for o in OPTIONS:
+        if o.type is bool:
+            parser.add_argument(o.flag, action="store_true")
+        else:
+            parser.add_argument(o.flag, type=o.type, default=o.default)
+
+
+def recorded(values: dict[str, Any], job_options: dict) -> dict:
+    """What a checkpoint records of a run's options (and so what a resume must repeat)."""
+    found = {o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.ALWAYS}
+    found.update(job_options)
+    found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WHEN_SET and values[o.name] != o.default})
+    return found
+
+
+def with_job_options(command: str, parse_extra: Callable[[list[str]], dict]):
+    """A typer command gets every job option and ``-o NAME=VALUE``, and receives them as one
+    ``JobOptions`` in its ``options`` parameter."""
+    import typer
+
+    def decorate(func):
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "options"]
+        added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.typer_annotation(command))
+                 for o in OPTIONS]
+        extra = inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help=EXTRA_HELP)])
+
+        @functools.wraps(func)
+        def wrapper(**kwargs):
+            values = {o.name: kwargs.pop(o.name) for o in OPTIONS}
+            extra = parse_extra(kwargs.pop("option") or [])
+            return func(**kwargs, options=JobOptions(**values, extra=extra))
+
+        params = [*own, *added, extra]
+        wrapper.__signature__ = signature.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate

@@ -1,0 +1,346 @@
+"""Run directories: ``runs/<run-id>/`` with run.json, metrics.jsonl, rank.N.log and checkpoints/."""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgetrain.shared import checkpoints
+from edgetrain.shared.errors import EdgetrainError, UsageError
+
+
+SCHEMA = 1  # of what ``runs list --json`` and ``runs show --json`` print
+# Rank 0's list of the files its program wrote, in the run directory (read by ``collect``).
+OUTPUTS = "outputs.json"
+# In a container: uid:gid of the node's login user, whom the ranks run as so that the node's run
+# directory stays that user's (written by the controller, read by the worker).
+RUN_AS = "/etc/edgetrain/user"
+
+
+class Status(str, enum.Enum):
+    """A run's status. Recorded in run.json: STARTING (checks passed, containers starting) ->
+    RUNNING (mpirun started) -> COMPLETED, FAILED or INTERRUPTED; a resume starts again at
+    STARTING. Read, never recorded: ABANDONED (STARTING or RUNNING, but no command holds the run:
+    its edgetrain was killed or lost power) and DAMAGED (run.json unreadable)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+    DAMAGED = "damaged"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("EDGETRAIN_RUNS", "runs"))
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+
+    @property
+    def id(self) -> str:
+        return self.path.name
+
+    @property
+    def info_file(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def machinefile(self) -> Path:
+        """Hydra's ``host:slots`` lines for this attempt (what the host runtime's mpirun reads)."""
+        return self.path / "machinefile"
+
+    def log(self, rank: int) -> Path:
+        return self.path / f"rank.{rank}.log"
+
+    def info(self) -> dict:
+        try:
+            return json.loads(self.info_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
+
+    def update_info(self, **fields) -> dict:
+        """Rewrite run.json with ``fields`` changed, atomically: a reader (or a crash, or a full
+        disk) sees the old file or the new one, never a part. A write that fails (a full disk)
+        is one EdgetrainError naming the file; the old run.json is left as it was."""
+        info = self.info() if self.info_file.exists() else {}
+        info.update(fields)
+        data = (json.dumps(info, indent=2, sort_keys=True, default=str) + "\n").encode()
+        tmp = self.info_file.with_suffix(".json.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.info_file)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
+                                 f"free disk space on this machine ({self.path.parent})") from None
+        return info
+
+    def metrics(self) -> list[dict]:
+        """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
+        return [m for _, m in self._metric_lines() if m is not None and "kind" not in m]
+
+    def evaluations(self) -> list[dict]:
+        """The ``eval`` records, in the order they were made (none in runs from before they existed)."""
+        return [m for _, m in self._metric_lines() if m is not None and m.get("kind") == "eval"
+                and isinstance(m.get("val_accuracy"), (int, float))]
+
+    def damaged_metrics(self) -> list[int]:
+        """Numbers of the lines of metrics.jsonl that are not a JSON object."""
+        return [n for n, m in self._metric_lines() if m is None]
+
+    def _metric_lines(self) -> list[tuple[int, dict | None]]:
+        """Each line's record. Lines without a ``kind`` are the epochs' (and must name theirs);
+        a record of a kind this version does not know is kept, not counted as damage."""
+        if not self.metrics_file.exists():
+            return []
+        found: list[tuple[int, dict | None]] = []
+        for n, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    value = None
+                found.append((n, value if isinstance(value, dict) and ("epoch" in value or "kind" in value) else None))
+        return found
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
+
+    def lock(self) -> RunLock:
+        """Hold the run for this process's life (or until released): a second run or resume of it
+        is refused, and a run whose holder died is known to be over."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise self._in_use() from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock is the flock, the holder's name only a courtesy
+        return RunLock(fd)
+
+    def _in_use(self) -> EdgetrainError:
+        try:
+            holder = self.lock_file.read_text(errors="replace").strip() or "another edgetrain"
+        except OSError:
+            holder = "another edgetrain"
+        return EdgetrainError(f"run {self.id} is in use by {holder}",
+                              "wait for that command to end (a run or resume of the same run cannot go twice)")
+
+    def refuse_if_live(self) -> None:
+        """Refuse early, without writing anything, a run another command holds."""
+        if self.live():
+            raise self._in_use()
+
+    def live(self) -> bool:
+        """Whether a command holds the run now."""
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def status(self) -> Status:
+        """The recorded status, except that a run nobody holds is not still going (ABANDONED), and
+        a status this version does not know is DAMAGED."""
+        try:
+            status = Status(self.info().get("status"))
+        except ValueError:
+            return Status.DAMAGED
+        if status in (Status.STARTING, Status.RUNNING) and not self.live():
+            return Status.ABANDONED
+        return status
+
+    def logs(self) -> list[Path]:
+        return sorted(self.path.glob("rank.*.log"), key=lambda p: int(p.name.split(".")[1]))
+
+
+class RunLock:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
+
+
+def ensure_writable(root: Path) -> Path:
+    """Create the runs directory, or say clearly why it cannot be used."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise EdgetrainError(
+            f"cannot write run directory {root}: {exc.strerror or exc}",
+            "pass --runs-dir DIR (or set EDGETRAIN_RUNS) to a writable directory",
+        ) from None
+    return root
+
+
+def new_id(job: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{job}-{secrets.token_hex(2)}"
+
+
+def create(root: Path, job: str) -> Run:
+    ensure_writable(root)
+    for _ in range(10):
+        path = root / new_id(job)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        (path / "checkpoints").mkdir()
+        return Run(path)
+    raise EdgetrainError(f"could not create a new run directory in {root}")
+
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def find(root: Path, run_id: str) -> Run:
+    """A run by id, or by a unique prefix of it (plain characters only: never a path or a pattern)."""
+    if not RUN_ID.match(run_id or ""):
+        raise UsageError(f"{run_id!r} is not a run id", "see the runs with: edgetrain runs list")
+    exact = root / run_id
+    if (exact / "run.json").is_file():
+        return Run(exact)
+    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and (p / "run.json").is_file()) if root.is_dir() else []
+    if len(matches) == 1:
+        return Run(matches[0])
+    if len(matches) > 1:
+        raise EdgetrainError(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}", "give more of the id")
+    raise EdgetrainError(f"no run {run_id!r} in {root}", "see the runs with: edgetrain runs list")
+
+
+def all_runs(root: Path) -> list[Run]:
+    if not root.is_dir():
+        return []
+    return sorted((Run(p) for p in root.iterdir() if (p / "run.json").is_file()), key=lambda r: r.id)
+
+
+@dataclass(frozen=True)
+class Summary:
+    id: str
+    job: str
+    status: Status
+    epochs: int
+    val_accuracy: float | None
+    images_per_sec: float | None
+    checkpoint: int | None
+    problems: tuple[str, ...] = ()  # what could not be read, one line each
+
+    def as_json(self) -> dict:
+        return {**self.__dict__, "status": self.status.value, "problems": list(self.problems)}
+
+
+def summarize(run: Run) -> Summary:
+    """A run's line in ``runs list``; whatever part of it is damaged is named, never fatal."""
+    problems = []
+    try:
+        info = run.info()
+        status = run.status()
+    except EdgetrainError as exc:
+        info, status = {}, Status.DAMAGED
+        problems.append(str(exc))
+    metrics = run.metrics()
+    problems += [f"run {run.id}: metrics.jsonl line {n} is damaged (left out)" for n in run.damaged_metrics()]
+    last = metrics[-1] if metrics else {}
+    newest = None
+    for ckpt_dir in sorted(run.checkpoints.glob(f"{checkpoints.PREFIX}*"), reverse=True) if run.checkpoints.is_dir() else []:
+        try:
+            newest = checkpoints.read(ckpt_dir).epoch
+            break
+        except (EdgetrainError, KeyError, ValueError, TypeError):
+            problems.append(f"run {run.id}: {ckpt_dir.name}/{checkpoints.MANIFEST} is damaged")
+    return Summary(
+        id=run.id,
+        job=info.get("job", "?"),
+        status=status,
+        epochs=len({m["epoch"] for m in metrics}),
+        val_accuracy=last.get("val_accuracy"),
+        images_per_sec=last.get("images_per_sec"),
+        checkpoint=newest,
+        problems=tuple(problems),
+    )
+
+
+def time_to_target(run: Run) -> str | None:
+    """When the run's evaluations reached its target accuracy (or that they did not, with the best
+    one); None for a run without evaluation records."""
+    evals = run.evaluations()
+    if not evals:
+        return None
+    reached = next((e for e in evals if e.get("reached")), None)
+    target = next((e["target_accuracy"] for e in reversed(evals) if isinstance(e.get("target_accuracy"), (int, float))), None)
+    best = reached or max(evals, key=lambda e: e["val_accuracy"])
+    # Evaluation time is inside the clock; say how much of it, from the same attempt's records.
+    attempt = [e for e in evals[:evals.index(best) + 1] if e.get("resumed_after_epoch") == best.get("resumed_after_epoch")]
+    cost = sum(e.get("eval_seconds") or 0.0 for e in attempt)
+    where = f"at {_seconds(best)} from the first step{_images(best)}, epoch {best.get('epoch', '?')} step {best.get('step', '?')}"
+    tail = f" ({_count(len(attempt), 'evaluation')} took {cost:.1f} s of it"
+    tail += f"; the clock restarted when the run resumed after epoch {best['resumed_after_epoch']})" if best.get("resumed_after_epoch") else ")"
+    if reached is not None:
+        return f"reached {_percent(reached.get('target_accuracy'))} val accuracy {where}{tail}"
+    if target is not None:
+        return f"{_percent(target)} val accuracy not reached in {_count(len(evals), 'evaluation')}; best {_percent(best['val_accuracy'], 2)} {where}{tail}"
+    return f"no target accuracy; best {_percent(best['val_accuracy'], 2)} val accuracy {where}{tail}"
+
+
+def _percent(fraction, places: int | None = None) -> str:
+    if not isinstance(fraction, (int, float)):
+        return "?"
+    return f"{fraction * 100:.{places}f}%" if places is not None else f"{fraction * 100:.10g}%"
+
+
+def _seconds(record: dict) -> str:
+    value = record.get("seconds")
+    return f"{value:.1f} s" if isinstance(value, (int, float)) else "? s"
+
+
+def _images(record: dict) -> str:
+    value = record.get("images")
+    return f", {value:,} images" if isinstance(value, int) else ""
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
