@@ -1,6 +1,6 @@
 # The two commands a newcomer needs:
 #   make train   set up this machine and train LeNet on MNIST with 4 MPI ranks
-#   make test    set up this machine (and what the tests need) and run every test
+#   make test    set up this machine (and what the tests need, torch among it) and run every test
 VENV ?= .venv
 NP ?= 4
 EPOCHS ?= 1
@@ -17,7 +17,7 @@ train: setup
 	$(VENV)/bin/edgetrain run lenet --np $(NP) --epochs $(EPOCHS)
 
 test:
-	EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
+	EDGETRAIN_TORCH=1 EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The arm64 (Raspberry Pi 4) image, built and checked under qemu emulation: hours on 2 cores.

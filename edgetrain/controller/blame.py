@@ -24,6 +24,11 @@ class Finding:
     error: str | None
     log_tail: tuple[str, ...] = ()
 
+    @property
+    def resumable(self) -> bool:
+        """Whether a resume could help: not where the environment lacks a module the script imports."""
+        return not (self.error or "").startswith(("ModuleNotFoundError", "ImportError"))
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -78,13 +83,14 @@ class Observed:
 
 
 def collective_after_a_script_ended(o: Observed) -> Finding | None:
-    """A collective failed under the others after some ranks' scripts had returned; those may
-    have been ended by Hydra before they could write their own record."""
+    """A collective (Horovod's, or one that lost its peer: torch's Gloo) failed under the others
+    after some ranks' scripts had returned; those may have been ended by Hydra before they could
+    write their own record."""
     first = o.records[0] if o.records else None
     if first is None or first.kind is failures.Kind.ENDED_EARLY or not o.ended or len(o.ended) >= o.plan.np:
         return None
-    if "Horovod" not in (first.traceback or first.error):
-        return None
+    if "Horovod" not in (first.traceback or first.error) and first.lost_peer is None:
+        return None  # not a collective's failure
     hosts = {rank: host for entries in o.rank_hosts.values() for rank, host in entries}
     rank = o.ended[0]
     return Finding(rank, hosts.get(rank), "its script ended while other ranks were still training - run the same "

@@ -59,6 +59,7 @@ def run(
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
     strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
     tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
+    master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = 29500,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
@@ -72,7 +73,7 @@ def run(
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
-                            tf_port=tf_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                            tf_port=tf_port, master_port=master_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
                             max_workdir_bytes=int(max_workdir_mb * 1024**2),
                             log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
@@ -116,6 +117,9 @@ def run(
         who = found.error
     else:
         who = f"mpirun exited with {outcome.returncode}"
+    if found and not found.resumable:
+        raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; add what is missing to a "
+                             "requirements.txt beside the script (or --requirements FILE), then run it again")
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 

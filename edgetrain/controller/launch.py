@@ -42,6 +42,7 @@ class RunRequest:
     runtime: str | None = None  # None: the inventory's edgetrain_runtime
     strategy: str = DEFAULT
     tf_port: int = 23456
+    master_port: int = 29500  # torch's MASTER_PORT on rank 0's host (torchrun's default)
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
     resume: str | None = None
@@ -99,7 +100,8 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, log=req.log)
+    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, needs=STRATEGIES[req.strategy].needs,
+                                           log=req.log)
 
 
 def _check_request(req: RunRequest) -> None:
@@ -109,8 +111,11 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
     if not STRATEGIES[req.strategy].builtin_jobs and not req.program.is_script:
         raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
-    if not 1024 <= req.tf_port <= 65000:
-        raise UsageError(f"--tf-port {req.tf_port} must be between 1024 and 65000")
+    for flag, port in (("--tf-port", req.tf_port), ("--master-port", req.master_port)):
+        if not 1024 <= port <= 65000:
+            raise UsageError(f"{flag} {port} must be between 1024 and 65000")
+    if req.program.is_script:
+        STRATEGIES[req.strategy].check_args(req.program.args)
 
 
 def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int, log: Callable[[str], None]) -> int | None:
@@ -200,7 +205,8 @@ def prepare(req: RunRequest) -> Launch:
     lock: runs.RunLock | None = None
     try:
         strategy = STRATEGIES[req.strategy]
-        rt.check_ports(strategy.ports(plan, req.tf_port), strategy.name)
+        base_port = getattr(req, strategy.port_option) if strategy.port_option else 0
+        rt.check_ports(strategy.ports(plan, base_port), strategy)
         root = runs.ensure_writable(req.runs_dir)
         resumed_epoch = None
         if req.resume:
@@ -217,7 +223,7 @@ def prepare(req: RunRequest) -> Launch:
         run.machinefile.write_text(plan.machinefile())
         worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
                   "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name]
-        worker += strategy.worker_args(plan, req.tf_port)
+        worker += strategy.worker_args(plan, base_port)
         if resumed_epoch is not None:
             worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
         worker += program.worker_args()

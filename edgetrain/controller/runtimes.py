@@ -10,6 +10,7 @@ the ranks, and removes everything it started.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import signal
@@ -28,6 +29,16 @@ from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.controller.placement import Placement
 from edgetrain.controller.program import Program
 from edgetrain.controller.remote import Nodes
+from edgetrain.shared.strategies import Strategy
+
+# How to get what a strategy's ranks import, where it is missing: on this machine, in an image.
+NEEDS_FIX = {
+    "horovod": "run scripts/setup (it compiles Horovod against this machine's MPICH)",
+    "torch": "run scripts/setup with EDGETRAIN_TORCH=1 (it installs torch for the host runtime)",
+}
+IMAGE_FIX = {
+    "torch": "the images are built without torch so far: run torch scripts on the host runtime (--runtime host)",
+}
 
 CHECK_PORTS = (
     "import socket, sys\n"
@@ -56,22 +67,24 @@ class Runtime:
     shipped: list[shipping.Shipped] = field(default_factory=list)
     probe_seconds: float | None = None
     mpirun_process: subprocess.Popen | None = None  # once attached
+    needs: str = "horovod"  # what every rank imports for the run's strategy
 
     @classmethod
     def checked(cls, plan: Placement, inventory: Inventory, program: Program, *, data_dir: Path | None = None,
-                log: Callable[[str], None] = print) -> Runtime:
+                needs: str = "horovod", log: Callable[[str], None] = print) -> Runtime:
         """The runtime for ``plan`` once every check that needs no run directory has passed
-        (``data_dir``: where this machine keeps its datasets, for the host runtime)."""
+        (``data_dir``: where this machine keeps its datasets, for the host runtime; ``needs``: what
+        every rank imports for the run's strategy)."""
         nodes = Nodes()
         try:
-            found = cls.check(nodes, plan, inventory, program, data_dir, log)
+            found = cls.check(nodes, plan, inventory, program, data_dir, needs, log)
         except BaseException:
             nodes.close()
             raise
-        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, **found)
+        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, needs=needs, **found)
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
               log: Callable[[str], None]) -> dict:
         """Every check that needs no run directory; raises on the first failure, else returns what
         it found (this runtime's fields)."""
@@ -88,7 +101,7 @@ class Runtime:
         raise NotImplementedError
 
     # -- the steps of a launch ----------------------------------------------------------------
-    def check_ports(self, ports: dict[str, list[int]], strategy: str) -> None:
+    def check_ports(self, ports: dict[str, list[int]], strategy: Strategy) -> None:
         """Refuse ports (per host name) that something already listens on."""
         for h in self.plan.hosts:
             wanted = [str(p) for p in ports.get(h.name, [])]
@@ -97,8 +110,9 @@ class Runtime:
             python = sys.executable if h.is_local else "python3"
             busy = self.nodes.check(h, [python, "-c", CHECK_PORTS, *wanted], "checking ports").split()
             if busy:
-                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; {strategy} needs ports "
-                                     f"{wanted[0]}-{wanted[-1]} there", "pass another --tf-port")
+                taken = f"port {wanted[0]}" if len(wanted) == 1 else f"ports {wanted[0]}-{wanted[-1]}"
+                raise EdgetrainError(f"port {busy[0]} is already in use on {h.name}; {strategy.name} needs {taken} there",
+                                     f"pass another --{(strategy.port_option or 'port').replace('_', '-')}")
 
     def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
         raise NotImplementedError
@@ -156,13 +170,16 @@ class HostRuntime(Runtime):
     staged: dict[str, datasets.DatasetFiles]  # every dataset this machine has, the required ones among them
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
               log: Callable[[str], None]) -> dict:
         if not plan.head.is_local:
             raise EdgetrainError(
                 f"the host runtime starts mpirun on this machine, but rank 0's host {plan.head.name} is another machine",
                 "use --runtime docker, or run edgetrain on the head node",
             )
+        if importlib.util.find_spec(needs) is None:
+            raise EdgetrainError(f"this machine's Python ({sys.executable}) has no {needs}, which the run's strategy needs",
+                                 NEEDS_FIX.get(needs, f"install {needs} there"))
         mpirun_exe = mpi.mpirun_path()
         required = {d: datasets.locate(d, data_dir) for d in program.datasets}
         # As on a provisioned node, every dataset this machine has is staged, so that a script's
@@ -230,7 +247,7 @@ class DockerRuntime(Runtime):
     containers: containers.Containers | None = None  # once started
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
         preflight.require(reports)
@@ -260,8 +277,12 @@ class DockerRuntime(Runtime):
         self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
         self.containers.start()
         probed = preflight.probe(self.nodes, self.containers)
+        lacking = sorted({r["host"] for r in probed.ranks if not r.get(self.needs)})
+        if lacking:
+            raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {self.needs}, which the run's strategy needs",
+                                 IMAGE_FIX.get(self.needs, "rebuild the image: edgetrain images build --arch ARCH"))
         r0 = probed.ranks[0]
-        self.versions = {"mpich": r0["mpi"], "tensorflow": r0["tensorflow"], "horovod": r0["horovod"]}
+        self.versions = {"mpich": r0["mpi"], **{k: r0.get(k) for k in ("tensorflow", "horovod", "torch") if r0.get(k)}}
         self.probe_seconds = probed.seconds
 
     def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:

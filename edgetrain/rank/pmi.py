@@ -43,3 +43,18 @@ def finalize(timeout: float = 5.0) -> bool:
     except OSError:
         return False
     return True
+
+
+def abort(code: int) -> bool:
+    """End the whole job through Hydra (PMI-1's ``cmd=abort``), for a failed rank of a strategy
+    that never initialized MPI (torch, tf-multiworker): its plain exit does not end the others,
+    which would wait in their rendezvous or collective for as long as their framework allows.
+    True once sent; without Hydra, nothing happens."""
+    raw = os.environ.get("PMI_FD")
+    if raw is None or not raw.isdigit():
+        return False
+    try:
+        os.write(int(raw), f"cmd=abort exitcode={code}\n".encode())
+    except OSError:
+        return False
+    return True

@@ -40,6 +40,7 @@ def main() -> None:
         "tensorflow": _version(*TF_DISTRIBUTIONS),
         "horovod": _version("horovod"),
         "mpi4py": _version("mpi4py"),
+        "torch": _version("torch"),
     }
     total = comm.allreduce(comm.rank + 1, op=MPI.SUM)
     everyone = comm.gather(me, root=0)

@@ -204,11 +204,13 @@ def _failed(run_dir: Path, rank: int, host: str, events: Events, exc: BaseExcept
     """Record a failure: traceback in the log, a failure record, and (rank 0) a "failed" event on
     the launcher's stream, which needs no disk: on a full disk it is all that gets through."""
     tb = traceback.format_exc() if "tb" not in how else how.pop("tb")
-    error = how.pop("error", None)
+    error, advise = how.pop("error", None), how.pop("advise", None)
     if error is None and isinstance(exc, EdgetrainError):
         error, how["fix"] = exc.problem, exc.fix  # edgetrain's own words, from the strategy's set-up
     if error is None:
         error, how["fix"] = failures.disk_full(exc, run_dir) or (f"{type(exc).__name__}: {exc}", None)
+    if not how.get("fix") and advise is not None:
+        how["fix"] = advise(error)  # a script written for another strategy says so
     try:
         sys.stderr.write(tb or "")
         sys.stderr.flush()
@@ -224,7 +226,7 @@ def _failed(run_dir: Path, rank: int, host: str, events: Events, exc: BaseExcept
 def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int, events: Events) -> int:
     """Run the program, then (rank 0) list its outputs and (Horovod) wait for every rank at the
     final barrier. Returns the rank's exit status."""
-    run_dir = args.run_dir
+    run_dir, strategy = args.run_dir, STRATEGIES[args.strategy]
     # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
     private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
     cwd, outputs = private / "work", private / "outputs"
@@ -247,13 +249,13 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
         if args.data is not None:
             os.environ["EDGETRAIN_DATA"] = str(args.data)
             link_datasets(args.data, keras_home())
-        STRATEGIES[args.strategy].set_up_rank(rank, args.peers)
+        program_args = strategy.set_up_rank(rank, args.peers, args.args)
         if args.module:
-            sys.argv = [args.program, *args.args]
+            sys.argv = [args.program, *program_args]
             runpy.run_module(args.program, run_name="__main__", alter_sys=True)
         else:
             script = str(cwd / args.program) if manifest is not None else args.program
-            sys.argv = [script, *args.args]
+            sys.argv = [script, *program_args]
             sys.path.insert(0, str(Path(script).parent))
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -261,9 +263,9 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             code = exc.code if isinstance(exc.code, int) else 1
             _failed(run_dir, rank, host, events, exc, error=f"the program exited with status {exc.code}", tb=None, kind=failures.Kind.EXIT)
     except BaseException as exc:  # noqa: BLE001 - any failure must end this rank loudly
-        _failed(run_dir, rank, host, events, exc)
+        _failed(run_dir, rank, host, events, exc, advise=strategy.advice)
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
-    unmet = STRATEGIES[args.strategy].unmet(size) if code == 0 else None
+    unmet = strategy.unmet(size) if code == 0 else None
     if unmet is not None:
         failures.write(run_dir, rank, host, unmet.error, None, fix=unmet.fix, kind=unmet.kind)
         code = 1
@@ -272,12 +274,13 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
             _say(f"edgetrain: could not list rank 0's outputs: {exc}")
-    hvd = horovod_module()
-    if code == 0 and hvd is not None:
+    if code == 0:
         try:
             failures.mark_ended(run_dir, rank)
         except OSError:
             pass  # a hint for the launcher's attribution, not needed to finish
+    hvd = horovod_module()
+    if code == 0 and hvd is not None:
         try:
             # An allreduce is a barrier: once it completes every rank has run its program to the end.
             hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
@@ -326,22 +329,32 @@ ABORT_GRACE = 15.0  # seconds MPI_Abort may take before this rank ends regardles
 
 def _abort_job(code: int) -> None:
     """MPI_Abort(MPI_COMM_WORLD) if this process initialized MPI (Horovod does, from the MPI
-    library it loaded): Hydra then ends every rank of the job on every node."""
+    library it loaded), else PMI's abort (torch, tf-multiworker): Hydra then ends every rank of
+    the job on every node."""
+    mpi = _mpi_in_use()
+    if mpi is None:
+        pmi.abort(code)
+        return
+    threading.Timer(ABORT_GRACE, os._exit, (code,)).start()
+    mpi.MPI_Abort(ctypes.c_int(MPI_COMM_WORLD), ctypes.c_int(code))
+
+
+def _mpi_in_use():
+    """The MPI library this process initialized and has not finalized, else None."""
     try:
         with open("/proc/self/maps") as maps:
             lib = next((line.split()[-1] for line in maps if re.search(r"/libmpi(ch)?(_\w+)?\.so", line)), None)
         if lib is None:
-            return
+            return None
         mpi = ctypes.CDLL(lib)
         initialized, finalized = ctypes.c_int(0), ctypes.c_int(0)
         if mpi.MPI_Initialized(ctypes.byref(initialized)) != 0 or not initialized.value:
-            return
+            return None
         if mpi.MPI_Finalized(ctypes.byref(finalized)) != 0 or finalized.value:
-            return
+            return None
+        return mpi
     except (OSError, AttributeError):
-        return
-    threading.Timer(ABORT_GRACE, os._exit, (code,)).start()
-    mpi.MPI_Abort(ctypes.c_int(MPI_COMM_WORLD), ctypes.c_int(code))
+        return None
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 Everything else about a run (inventory, placement, preflight, shipping, containers, mpirun, logs,
 failure records, cleanup, collect) is the same for all of them, so a strategy says only what
-differs: which built-in jobs train with it, which ports must be free on each host before anything
-starts, what each rank's worker is told, what a rank's environment holds before the program
-runs, and what a rank that ended with status 0 may still have got wrong. The launcher and the
-worker never compare strategy names.
+differs: which built-in jobs train with it, which module a rank needs, which ports must be free
+on each host before anything starts (and the option that picks them), what the script's
+arguments may hold, what each rank's worker is told, what a rank's environment holds before the
+program runs, and what a rank that ended with status 0 may still have got wrong. The launcher and
+the worker never compare strategy names.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from edgetrain.shared.errors import UsageError
 from edgetrain.shared.failures import Kind
 
 if TYPE_CHECKING:
@@ -38,6 +41,16 @@ def gloo_env(iface: str, timeout_s: int) -> dict[str, str]:
             "HOROVOD_GLOO_TIMEOUT_SECONDS": str(timeout_s)}
 
 
+# Per-rank placeholders in a torch script's arguments (the seed's style: its rank and address as
+# arguments), e.g. ``-- --dist-url {master_url} --dist-rank {rank} --world-size {world_size}``.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
+TORCH_PLACEHOLDERS = ("rank", "local_rank", "world_size", "master_addr", "master_port", "master_url")
+
+
+def fill_placeholders(arg: str, values: dict[str, object]) -> str:
+    return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), arg)
+
+
 @dataclass(frozen=True)
 class Unmet:
     """Why a rank whose program ended with status 0 has failed all the same."""
@@ -51,22 +64,35 @@ class Strategy:
     name: ClassVar[str]
     help: ClassVar[str]
     builtin_jobs: ClassVar[bool] = False  # the built-in jobs train with this strategy
+    needs: ClassVar[str] = "horovod.tensorflow"  # the module every rank imports for it
+    port_option: ClassVar[str | None] = None  # the run option that picks its ports (RunRequest field)
 
     # -- on the controller, before anything starts ----------------------------------------------
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         """The ports each host (by name) must have free."""
         return {}
 
+    def check_args(self, args: tuple[str, ...]) -> None:
+        """Refuse script arguments this strategy cannot give the ranks (UsageError)."""
+
     def worker_args(self, plan: Placement, base_port: int) -> list[str]:
         """What every rank's worker is told, on its command line."""
         return []
 
     # -- in each rank -------------------------------------------------------------------------
-    def set_up_rank(self, rank: int, peers: str) -> None:
-        """The rank's environment before the program runs (``peers``: what worker_args said)."""
+    def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
+        """The rank's environment before the program runs (``peers``: what worker_args said);
+        returns the program's arguments as this rank gets them."""
+        return args
 
     def unmet(self, size: int) -> Unmet | None:
         """Checked after the program ended with status 0."""
+        return None
+
+    def advice(self, error: str) -> str | None:
+        """A fix for a rank's error that says the script is written for another strategy."""
+        if "MASTER_ADDR" in error or "torch.distributed" in error:
+            return "the script starts torch.distributed from the environment torchrun sets: pass --strategy torch"
         return None
 
 
@@ -84,13 +110,17 @@ class Horovod(Strategy):
     help = "mpirun + Horovod"
     builtin_jobs = True
 
-    def set_up_rank(self, rank: int, peers: str) -> None:
+    def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         from edgetrain.rank import rendezvous
 
         rendezvous.set_up()  # rank 0's server answers from a thread of its own
+        return args
 
     def unmet(self, size: int) -> Unmet | None:
         if size > 1 and horovod_module() is None:
+            if "torch.distributed" in sys.modules:
+                return Unmet("the script ended without calling hvd.init(): it uses torch.distributed, so every rank "
+                             "trained alone", "pass --strategy torch", Kind.NO_INIT)
             return Unmet("the script ended without calling hvd.init(), so every rank trained alone",
                          "call hvd.init() and wrap the optimizer in hvd.DistributedOptimizer (see examples/), "
                          "or pass --strategy tf-multiworker", Kind.NO_INIT)
@@ -100,6 +130,8 @@ class Horovod(Strategy):
 class TfMultiWorker(Strategy):
     name = "tf-multiworker"
     help = "TensorFlow's MultiWorkerMirroredStrategy; TF_CONFIG written per worker"
+    needs = "tensorflow"
+    port_option = "tf_port"
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         return {host.name: [base_port + i for i in range(n)] for host, n in plan.ranks}
@@ -112,16 +144,66 @@ class TfMultiWorker(Strategy):
             workers += [f"{address}:{p}" for p in ports[host.name]]
         return ["--peers", ",".join(workers)]
 
-    def set_up_rank(self, rank: int, peers: str) -> None:
+    def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         os.environ["TF_CONFIG"] = tf_config(peers.split(","), rank)
         # One GPU per worker, as Horovod ranks get with pin_gpu: the node's n-th worker the n-th GPU.
         if "CUDA_VISIBLE_DEVICES" not in os.environ and glob.glob("/dev/nvidia[0-9]*"):
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("MPI_LOCALRANKID", "0")
+        return args
 
 
 def tf_config(workers: list[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
 
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker())}
+class Torch(Strategy):
+    name = "torch"
+    help = ("torch.distributed (DDP): every process gets what torchrun gives its workers (MASTER_ADDR, RANK, WORLD_SIZE, "
+            "LOCAL_RANK, ...) and {rank}, {world_size}, {master_url}, ... in the script's arguments")
+    needs = "torch"
+    port_option = "master_port"
+
+    def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
+        # MASTER_PORT for the script's rendezvous, the next one for edgetrain's join check before it.
+        return {plan.head.name: [base_port, base_port + 1]}
+
+    def check_args(self, args: tuple[str, ...]) -> None:
+        for arg in args:
+            for name in PLACEHOLDER.findall(arg):
+                if name not in TORCH_PLACEHOLDERS:
+                    raise UsageError(f"unknown placeholder {{{name}}} in the script's arguments ({arg!r})",
+                                     "use " + ", ".join(f"{{{p}}}" for p in TORCH_PLACEHOLDERS))
+
+    def worker_args(self, plan: Placement, base_port: int) -> list[str]:
+        several = len(plan.hosts) > 1
+        address = plan.head.address if several or not plan.head.is_local else "127.0.0.1"
+        iface = plan.head.iface if several else ""
+        layout = ",".join(f"{host.name}={n}" for host, n in plan.ranks)
+        return ["--peers", f"{address}:{base_port}:{iface or ''}:{layout}"]
+
+    def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
+        from edgetrain.rank import torch_rank
+
+        place, iface = torch_rank.Place.parse(peers)
+        os.environ.update(place.environment(iface, os.cpu_count() or 1))
+        torch_rank.watch_init()
+        torch_rank.join(place)
+        return place.arguments(args)
+
+    def unmet(self, size: int) -> Unmet | None:
+        from edgetrain.rank import torch_rank
+
+        if size > 1 and not torch_rank.called_init():
+            return Unmet("the script ended without calling torch.distributed.init_process_group, so every rank trained alone",
+                         "call dist.init_process_group(backend) and wrap the model in DistributedDataParallel "
+                         "(examples/torch_ddp), or pass the strategy the script is written for", Kind.NO_INIT)
+        return None
+
+    def advice(self, error: str) -> str | None:
+        if "hvd.init" in error or "Horovod" in error:
+            return "the script is written for Horovod: pass --strategy horovod"
+        return None
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker(), Torch())}
 DEFAULT = Horovod.name

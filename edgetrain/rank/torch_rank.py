@@ -1,0 +1,195 @@
+"""A rank of the torch strategy: what torchrun gives its workers, a join check, and what the
+script did with ``torch.distributed``.
+
+Hydra starts one process per slot; each becomes what a torchrun worker is: ``MASTER_ADDR`` and
+``MASTER_PORT`` (rank 0's host on the cluster interface, a port checked free before anything
+started), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the
+node), ``GROUP_WORLD_SIZE``, ``ROLE_*`` and ``TORCHELASTIC_*`` as torchrun sets them, Gloo and
+NCCL bound to the cluster interface, and torch's intra-op threads set to the node's cores per
+local rank - so ``init_process_group(backend)`` with ``env://`` (or ``tcp://{master_url}``) finds
+its peers unchanged.
+
+Before the script runs, every rank checks in with rank 0 at MASTER_ADDR within ``JOIN_TIMEOUT_S``:
+torch's own rendezvous waits 30 minutes for a peer that cannot reach rank 0 (a wrong interface, a
+firewall); this names the node within a minute. The check uses the port after MASTER_PORT (both
+checked free before anything started), so the script's own rank 0 binds MASTER_PORT as it would
+under torchrun, whenever a rank gets there.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import time
+from dataclasses import dataclass
+
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.strategies import fill_placeholders
+
+JOIN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process is in the run: from Hydra's environment and the launcher's ``--peers``."""
+
+    rank: int
+    size: int
+    master_addr: str
+    master_port: int
+    layout: tuple[tuple[str, int], ...]  # (host, its ranks) in placement order, rank 0's first
+
+    @classmethod
+    def parse(cls, peers: str, env=os.environ) -> tuple[Place, str | None]:
+        """This rank's place and the cluster interface (None on one host), from ``peers``:
+        ``ADDR:PORT:IFACE:HOST=N,HOST=N,...`` (strategies.Torch.worker_args)."""
+        addr, port, iface, layout = peers.rsplit(":", 3)
+        hosts = tuple((h, int(n)) for h, n in (item.rsplit("=", 1) for item in layout.split(",")))
+        return cls(int(env.get("PMI_RANK", "0")), int(env.get("PMI_SIZE", "1")), addr, int(port), hosts), iface or None
+
+    def _node_of(self, rank: int) -> tuple[int, int]:
+        """(node index, the node's first rank)."""
+        first = 0
+        for node, (_, n) in enumerate(self.layout):
+            if rank < first + n:
+                return node, first
+            first += n
+        raise ValueError(f"rank {rank} is outside the placement {self.layout}")
+
+    @property
+    def node(self) -> int:
+        return self._node_of(self.rank)[0]
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank - self._node_of(self.rank)[1]
+
+    @property
+    def local_size(self) -> int:
+        return self.layout[self.node][1]
+
+    def host_of(self, rank: int) -> str:
+        return self.layout[self._node_of(rank)[0]][0]
+
+    @property
+    def join_port(self) -> int:
+        return self.master_port + 1
+
+    @property
+    def master_url(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+    def environment(self, iface: str | None, cores: int) -> dict[str, str]:
+        """What torchrun (torch.distributed.run) gives each worker, for this place."""
+        env = {
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+            "RANK": str(self.rank), "WORLD_SIZE": str(self.size),
+            "LOCAL_RANK": str(self.local_rank), "LOCAL_WORLD_SIZE": str(self.local_size),
+            "GROUP_RANK": str(self.node), "GROUP_WORLD_SIZE": str(len(self.layout)),
+            "ROLE_NAME": "default", "ROLE_RANK": str(self.rank), "ROLE_WORLD_SIZE": str(self.size),
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            # torchrun leaves OMP_NUM_THREADS at 1 for several workers a node; a Pi's four cores
+            # would then train one thread wide, so each local rank gets its share of the cores.
+            "OMP_NUM_THREADS": str(max(1, cores // self.local_size)),
+        }
+        if iface:
+            env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
+        return env
+
+    def values(self) -> dict[str, object]:
+        """What the placeholders in the script's arguments stand for, on this rank."""
+        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.size,
+                "master_addr": self.master_addr, "master_port": self.master_port, "master_url": self.master_url}
+
+    def arguments(self, args: list[str]) -> list[str]:
+        return [fill_placeholders(a, self.values()) for a in args]
+
+
+def join(place: Place, timeout: float = JOIN_TIMEOUT_S) -> None:
+    """Every rank checks in with rank 0's store at MASTER_ADDR, the port after MASTER_PORT, and
+    waits for all; on a timeout the error names the ranks (and their nodes) that did not join, or -
+    on a rank that could not reach rank 0 - the address it could not reach."""
+    import torch.distributed as dist
+
+    if place.size == 1:
+        return
+    deadline = datetime.timedelta(seconds=timeout)
+    try:
+        store = dist.TCPStore(place.master_addr, place.join_port, place.size, place.rank == 0,
+                              timeout=deadline, wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        raise EdgetrainError(f"rank {place.rank} could not reach rank 0 at {place.master_addr}:{place.join_port} "
+                             f"within {timeout:.0f} s ({str(exc).splitlines()[0]})",
+                             "check that every node reaches the head on the cluster interface (edgetrain_iface) "
+                             "and that nothing filters the port (--master-port)") from None
+    store.set(f"edgetrain/joined/{place.rank}", "1")
+    store.add("edgetrain/joined", 1)
+    if place.rank == 0:
+        _await_all(store, place, timeout)
+        store.set("edgetrain/go", "1")
+        # The store is a server in this process: the others read 'go' before it goes away.
+        until = time.monotonic() + 10
+        while store.add("edgetrain/left", 0) < place.size - 1 and time.monotonic() < until:
+            time.sleep(0.05)
+        return
+    try:
+        store.wait(["edgetrain/go"], deadline)
+    except RuntimeError as exc:
+        raise EdgetrainError(f"rank {place.rank} joined rank 0 at {place.master_addr}:{place.join_port}, but not every "
+                             f"rank did within {timeout:.0f} s ({str(exc).splitlines()[0]})",
+                             "see the ranks rank 0 names as missing") from None
+    store.add("edgetrain/left", 1)
+
+
+def _await_all(store, place: Place, timeout: float) -> None:
+    until = time.monotonic() + timeout
+    while store.add("edgetrain/joined", 0) < place.size:
+        if time.monotonic() > until:
+            missing = [r for r in range(place.size) if not _holds(store, f"edgetrain/joined/{r}")]
+            nodes = sorted({place.host_of(r) for r in missing})
+            who = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} on {', '.join(nodes)}"
+            raise EdgetrainError(f"{who} did not join rank 0 at "
+                                 f"{place.master_addr}:{place.join_port} within {timeout:.0f} s",
+                                 f"check that {', '.join(nodes)} reach{'es' if len(nodes) == 1 else ''} the head on "
+                                 "the cluster interface (edgetrain_iface) and that nothing filters the port")
+        time.sleep(0.2)
+
+
+def _holds(store, key: str) -> bool:
+    """Whether the store has ``key`` (torch 1.13's store has no ``check``: a wait that ends at once)."""
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=50))
+        return True
+    except RuntimeError:
+        return False
+
+
+# --- what the script does with torch.distributed ----------------------------------------------
+
+_CALLED: list[str] = []  # the backends init_process_group was called with, in this process
+
+
+def watch_init() -> None:
+    """Note every ``init_process_group`` call the script makes (it may destroy its group before it
+    ends), and refuse NCCL on a host without a GPU in one line rather than torch's traceback."""
+    import torch
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        backend = str(kwargs.get("backend", args[0] if args else "") or "")
+        if "nccl" in backend.lower() and not torch.cuda.is_available():
+            raise EdgetrainError(f"init_process_group({backend!r}) on {os.uname().nodename}, which has no GPU",
+                                 "use backend 'gloo' on CPU nodes (NCCL needs a GPU per rank)")
+        _CALLED.append(backend)
+        return original(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+
+
+def called_init() -> bool:
+    return bool(_CALLED)

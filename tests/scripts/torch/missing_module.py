@@ -1,0 +1,3 @@
+"""Imports a package no node has (test fixture)."""
+
+import edgetrain_no_such_package  # noqa: F401

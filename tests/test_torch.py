@@ -1,0 +1,156 @@
+"""The torch strategy (`--strategy torch`) on 2 real ranks on this machine: scripts written for
+torchrun and in the seed's style run unchanged, each rank gets what torchrun gives its workers,
+the DDP LeNet example trains on MNIST and its weights come home, every failure is named, bad input
+is one line before anything starts, and a peer that never joins is named within the join timeout."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from edgetrain.shared import runs
+
+from .conftest import ROOT, edgetrain, snapshot
+from .test_cli_errors import assert_one_line_error
+
+pytestmark = pytest.mark.mpi
+
+EXAMPLES = ROOT / "examples"
+SCRIPTS = ROOT / "tests" / "scripts" / "torch"
+TORCH = ("--np", "2", "--strategy", "torch")
+
+
+def only_run(root) -> runs.Run:
+    [run] = runs.all_runs(root)
+    return run
+
+
+def logs(run: runs.Run) -> str:
+    return "".join(p.read_text() for p in run.logs())
+
+
+def test_a_torchrun_script_runs_unchanged_with_what_torchrun_gives_each_worker(tmp_path):
+    r = edgetrain("run", str(EXAMPLES / "torchrun_minimal" / "train.py"), *TORCH, "--runs-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert run.info()["placement"]["strategy"] == "torch" and run.info()["status"] == "completed"
+    seen = {}
+    for line in logs(run).splitlines():
+        found = re.match(r"rank (\d)/2: allreduce (\[.*?\]), (\d+) threads, env (\{.*\})$", line)
+        if found:
+            assert ast.literal_eval(found[2]) == [1.0, 1.0, 1.0, 1.0], line
+            seen[int(found[1])] = (int(found[3]), ast.literal_eval(found[4]))
+    assert sorted(seen) == [0, 1]
+    for rank, (threads, env) in seen.items():
+        assert env == {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+                       "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+        # Each local rank gets its share of the cores, not torchrun's one thread.
+        assert threads == max(1, (os.cpu_count() or 1) // 2)
+
+
+def test_a_seed_style_script_gets_its_rank_and_address_from_placeholders(tmp_path):
+    r = edgetrain("run", str(EXAMPLES / "torch_seed" / "train.py"), *TORCH, "--master-port", "29611", "--runs-dir", str(tmp_path),
+                  "--", "--dist-url", "{master_url}", "--dist-rank", "{rank}", "--world-size", "{world_size}", "--epochs", "1",
+                  timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(tmp_path)
+    text = logs(run)
+    assert "rank 0/2 epoch 1: loss" in text and "rank 1/2 epoch 1: loss" in text
+    # The placeholders are recorded as typed; each rank got its own values.
+    assert run.info()["program"]["args"][:2] == ["--dist-url", "{master_url}"]
+
+
+def test_the_ddp_lenet_example_trains_on_mnist_and_rank_0s_weights_come_home(tmp_path):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(EXAMPLES / "torch_ddp" / "train.py"), *TORCH, "--runs-dir", str(root),
+                  "--", "--epochs", "1", "--steps-per-epoch", "30", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "epoch 1/1: loss" in r.stdout and "on 2 ranks" in r.stdout  # rank 0's output on the console
+    accuracy = float(next(line for line in r.stdout.splitlines() if line.startswith("test accuracy")).split()[-1])
+    assert accuracy > 0.5, r.stdout  # 30 steps of 2 x 64 images
+    run = only_run(root)
+    got = edgetrain("collect", run.id, "--dest", str(tmp_path / "home"), "--runs-dir", str(root))
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "home" / run.id / "work" / "lenet.pt").stat().st_size > 1_000_000
+
+
+@pytest.mark.parametrize(("script", "last"), [
+    ("raises.py", f"rank 1 on {socket.gethostname()} failed: ValueError: bad batch on rank 1"),
+    ("no_init.py", "without calling torch.distributed.init_process_group, so every rank trained alone"),
+    ("early_exit.py", "rank 1 on {host} failed: its script ended while other ranks were still training"),
+    ("nccl_on_cpu.py", "init_process_group('nccl') on {host}, which has no GPU - use backend 'gloo' on CPU nodes"),
+], ids=["raises", "no-init", "ends-early", "nccl-on-cpu"])
+def test_a_failing_torch_script_is_named(tmp_path, script, last):
+    r = edgetrain("run", str(SCRIPTS / script), *TORCH, "--hang-timeout", "60", "--runs-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert last.format(host=socket.gethostname()) in line, r.stderr[-3000:]
+    assert only_run(tmp_path).info()["status"] == "failed"
+
+
+def test_a_missing_module_is_named_without_a_resume_it_cannot_fix(tmp_path):
+    r = edgetrain("run", str(SCRIPTS / "missing_module.py"), *TORCH, "--runs-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert "ModuleNotFoundError: No module named 'edgetrain_no_such_package'" in line and "--resume" not in line, line
+    assert "requirements.txt" in line
+
+
+def test_a_torch_script_under_horovod_is_told_which_strategy_fits(tmp_path):
+    r = edgetrain("run", str(EXAMPLES / "torchrun_minimal" / "train.py"), "--np", "2", "--runs-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 1
+    assert "pass --strategy torch" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", ["placeholder", "port-in-use"])
+def test_bad_torch_input_is_one_line_and_starts_nothing(tmp_path, case):
+    root = tmp_path / "runs"
+    root.mkdir()
+    before = snapshot(root)
+    script = str(EXAMPLES / "torch_seed" / "train.py")
+    if case == "placeholder":
+        r = edgetrain("run", script, *TORCH, "--runs-dir", str(root), "--", "--dist-rank", "{rnak}")
+        assert_one_line_error(r, "unknown placeholder {rnak} in the script's arguments",
+                              "{rank}, {local_rank}, {world_size}, {master_addr}, {master_port}, {master_url}", code=2)
+    else:
+        with socket.socket() as busy:
+            busy.bind(("", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            r = edgetrain("run", script, *TORCH, "--master-port", str(port), "--runs-dir", str(root))
+        assert_one_line_error(r, f"port {port} is already in use on localhost; torch needs ports {port}-{port + 1} there",
+                              "--master-port")
+    assert snapshot(root) == before and not list(root.iterdir())
+
+
+JOINING = """
+import sys
+from edgetrain.rank import torch_rank
+from edgetrain.shared.errors import EdgetrainError
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+place = torch_rank.Place(rank, 3, "127.0.0.1", port, (("nodeA", 2), ("nodeC", 1)))
+try:
+    torch_rank.join(place, timeout=3)
+    print("joined")
+except EdgetrainError as exc:
+    print("error:", exc)
+"""
+
+
+def test_a_peer_that_never_joins_is_named_within_the_join_timeout():
+    """Ranks 0 and 1 of 3 start; rank 2 (on nodeC) never does: both name what is missing, in 3 s."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", JOINING, str(rank), str(port)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert "error: rank 2 on nodeC did not join rank 0 at 127.0.0.1:" in outs[0] and "within 3 s" in outs[0], outs
+    assert "check that nodeC reaches the head" in outs[0]
+    assert "error: rank 1 joined rank 0" in outs[1] and "not every rank did within 3 s" in outs[1], outs

@@ -1,0 +1,34 @@
+#!/bin/bash
+# The torch strategy's rank side on a machine with a GPU and a CUDA build of torch (no MPI needed):
+# edgetrain's worker started as Hydra starts it (PMI_RANK, PMI_SIZE) runs the DDP LeNet example with
+# NCCL on one GPU, alternately with the same script under torchrun; then two Gloo ranks, the seed's
+# placeholders, and a peer that never joins (named after the 60 s join timeout).
+#   tests/torch_gpu_check.sh DATA_DIR    (DATA_DIR/mnist/ holds mnist.npz or mnist.pkl.gz)
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+DATA=$(realpath "${1:?give the folder holding mnist/}")
+EX=$PWD/examples
+scratch=$(mktemp -d)
+worker() { python3 -m edgetrain.rank.worker --run-dir "$1" --data "$DATA" --strategy torch --peers "$2" "${@:3}"; }
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+for i in 1 2 3; do
+  mkdir -p "$scratch/w$i" "$scratch/t$i"
+  echo "--- DDP LeNet, NCCL, 1 rank: edgetrain's worker, try $i"
+  PMI_RANK=0 PMI_SIZE=1 worker "$scratch/w$i" "127.0.0.1:2950$i::gpu1=1" "$EX/torch_ddp/train.py" -- --epochs 2 --steps-per-epoch 300 | grep -E "epoch|accuracy"
+  echo "--- the same under torchrun, try $i"
+  (cd "$scratch/t$i" && EDGETRAIN_DATA=$DATA torchrun --nproc-per-node 1 --master-port "2960$i" "$EX/torch_ddp/train.py" --epochs 2 --steps-per-epoch 300 2>&1 | grep -E "epoch|accuracy")
+done
+echo "--- torchrun-style script, Gloo, 2 ranks"
+mkdir -p "$scratch/g"
+for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/g" 127.0.0.1:29600::gpu1=2 "$EX/torchrun_minimal/train.py" >/dev/null 2>&1 & done; wait
+cat "$scratch"/g/rank.*.log
+echo "--- the seed's placeholders, 2 ranks"
+mkdir -p "$scratch/s"
+for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/s" 127.0.0.1:29700::gpu1=2 "$EX/torch_seed/train.py" -- --dist-url '{master_url}' --dist-rank '{rank}' --world-size '{world_size}' --epochs 1 >/dev/null 2>&1 & done; wait
+grep -h epoch "$scratch"/s/rank.*.log
+echo "--- a peer that never joins (rank 1 of 2 never starts)"
+mkdir -p "$scratch/p"; start=$(date +%s)
+PMI_RANK=0 PMI_SIZE=2 worker "$scratch/p" 127.0.0.1:29800::gpu1=1,gpu2=1 "$EX/torchrun_minimal/train.py" >/dev/null 2>&1
+echo "exit $? after $(( $(date +%s) - start )) s: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["error"])' "$scratch/p/rank.0.failure.json")"
+rm -rf "$scratch"
