@@ -8,9 +8,12 @@ from __future__ import annotations
 import ast
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +157,31 @@ def test_a_peer_that_never_joins_is_named_within_the_join_timeout():
     assert "error: rank 2 on nodeC did not join rank 0 at 127.0.0.1:" in outs[0] and "within 3 s" in outs[0], outs
     assert "check that nodeC reaches the head" in outs[0]
     assert "error: rank 1 joined rank 0" in outs[1] and "not every rank did within 3 s" in outs[1], outs
+
+
+def test_ctrl_c_ends_every_torch_rank_and_the_run_can_continue(tmp_path):
+    """Ctrl-C, as a user presses it in the terminal: Hydra passes it to the ranks, none is left."""
+    cmd = [sys.executable, "-m", "edgetrain", "run", str(EXAMPLES / "torch_ddp" / "train.py"), *TORCH, "--runs-dir", str(tmp_path),
+           "--", "--epochs", "20"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while not any(p.name == "rank.0.log" and "epoch" not in p.read_text() and "rank 0/2" in p.read_text()
+                  for p in tmp_path.rglob("rank.0.log")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    time.sleep(3)  # training, not starting
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    run = only_run(tmp_path)
+    assert run.info()["status"] == "interrupted" and f"--resume {run.id}" in err.strip().splitlines()[-1]
+    left = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(tmp_path))]
+    assert left == [], left
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_text()
+    except OSError:
+        return ""
