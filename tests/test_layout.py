@@ -1,5 +1,5 @@
 """The package's layout is its architecture: edgetrain.controller runs where you type edgetrain,
-edgetrain.rank (and the public API a script imports: callbacks, gpu, optimizers, tracing) inside a rank,
+edgetrain.rank (and the public API a script imports: callbacks, ddp, gpu, optimizers, tracing) inside a rank,
 edgetrain.shared is what both use. Checked on every module's import-time imports (a lazy import
 inside a rank-only method of a shared strategy runs in a rank, and an import for type checking
 never runs): the controller never loads rank code - nor TensorFlow through it - and the shared
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "edgetrain"
-RANK_SIDE = ("edgetrain.rank", "edgetrain.callbacks", "edgetrain.gpu", "edgetrain.optimizers", "edgetrain.tracing")
+RANK_SIDE = ("edgetrain.rank", "edgetrain.callbacks", "edgetrain.ddp", "edgetrain.gpu", "edgetrain.optimizers", "edgetrain.tracing")
 FORBIDDEN = {
     "controller": RANK_SIDE,
     "shared": RANK_SIDE + ("edgetrain.controller",),
@@ -42,4 +42,4 @@ def test_each_side_imports_only_what_its_place_allows():
 
 def test_every_module_has_its_place():
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "callbacks.py", "gpu.py", "optimizers.py", "tracing.py"]
+    assert loose == ["__init__.py", "__main__.py", "callbacks.py", "ddp.py", "gpu.py", "optimizers.py", "tracing.py"]

@@ -185,3 +185,24 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_text()
     except OSError:
         return ""
+
+
+def test_the_torch_extras_record_epochs_checkpoint_and_resume(tmp_path):
+    """edgetrain.ddp: progress on the console, metrics.jsonl, rank 0's verified checkpoints, and a
+    resume that starts every rank from rank 0's saved state."""
+    script = str(SCRIPTS / "with_extras.py")
+    r = edgetrain("run", script, *TORCH, "--runs-dir", str(tmp_path), "--", "--epochs", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training with_extras on 2 ranks, 4 steps per epoch" in r.stdout and "epoch 2/2: loss" in r.stdout
+    run = only_run(tmp_path)
+    assert [m["epoch"] for m in run.metrics()] == [1, 2] and all(m["ranks"] == 2 for m in run.metrics())
+    saved = sorted(p.name for p in run.checkpoints.iterdir())
+    assert saved == ["epoch-0001", "epoch-0002"]
+    assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))
+    ended = re.search(r"rank 0 ends with bias (\S+)", logs(run))[1]
+    again = edgetrain("run", script, *TORCH, "--runs-dir", str(tmp_path), "--resume", run.id, "--", "--epochs", "3", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    text = logs(run)
+    # Both ranks start from rank 0's checkpoint of epoch 2, the other node's rank included.
+    assert f"rank 0 starts at epoch 2 with bias {ended}" in text and f"rank 1 starts at epoch 2 with bias {ended}" in text
+    assert [m["epoch"] for m in run.metrics()] == [1, 2, 3] and run.info()["attempts"][-1]["resumed_from_epoch"] == 2

@@ -1,0 +1,146 @@
+"""Opt-in extras for a torch.distributed script that edgetrain runs (``--strategy torch``), as
+``edgetrain.callbacks`` is for Keras: progress on the console, a line per epoch in
+``metrics.jsonl``, TensorBoard event files from rank 0, a checkpoint per epoch with a sha256
+manifest (written by rank 0, atomically), and ``restore()`` for ``edgetrain run ... --resume RUN``.
+
+    import edgetrain.ddp as et
+
+    start = et.restore(model, optimizer)          # before DistributedDataParallel: the epoch to start from
+    model = DistributedDataParallel(model)
+    progress = et.Progress(batch_size=64, steps=len(loader), epochs=args.epochs, start=start)
+    for epoch in range(start, args.epochs):
+        for x, y in loader:
+            ...
+            progress.step(loss.item())
+        progress.epoch(val_accuracy=accuracy)     # the console's epoch line, metrics.jsonl, TensorBoard
+        et.save(model, optimizer, epoch + 1, progress.last)   # rank 0 writes; every rank may call it
+
+Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from edgetrain.shared import checkpoints
+from edgetrain.shared.progress import REPORT_S, Events
+
+STATE = "state.pt"
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get("EDGETRAIN_RUN_DIR", "."))
+
+
+def rank_and_size() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def job_name() -> str:
+    return os.environ.get("EDGETRAIN_JOB") or Path(sys.argv[0]).stem
+
+
+def _module(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DistributedDataParallel, whose state a checkpoint holds."""
+    return getattr(model, "module", model)
+
+
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Load the checkpoint of a resumed run (rank 0 verifies its files against the manifest and
+    reads it; every rank gets rank 0's state) and return the epoch to start from; 0 when the run
+    is not a resume. Call it once the process group is up."""
+    rank, size = rank_and_size()
+    found: list = [None, 0]
+    source = os.environ.get("EDGETRAIN_RESUME_FROM")
+    if source and rank == 0:
+        ckpt = checkpoints.read(Path(source))
+        checkpoints.verify(ckpt)
+        found = [torch.load(Path(source) / STATE, map_location="cpu"), ckpt.epoch]
+        print(f"resumed from {source} (epoch {ckpt.epoch})", flush=True)
+    if size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(found, src=0)  # the other nodes do not hold rank 0's run directory
+    state, epoch = found
+    if state is not None:
+        _module(model).load_state_dict(state["model"])
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+    return epoch
+
+
+def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch: int, metrics: dict | None = None) -> None:
+    """Rank 0 writes epoch ``epoch``'s checkpoint (model and optimizer state) atomically, with a
+    sha256 manifest that ``--resume`` and ``collect`` verify; the other ranks do nothing."""
+    if rank_and_size()[0] != 0:
+        return
+    state = {"model": _module(model).state_dict(), "optimizer": optimizer.state_dict() if optimizer is not None else None}
+    checkpoints.write(run_dir() / "checkpoints", epoch, job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
+
+
+class Progress:
+    """Rank 0's progress: ``step()`` after each training step, ``epoch()`` after each epoch."""
+
+    def __init__(self, batch_size: int | None = None, steps: int = 0, epochs: int = 1, start: int = 0) -> None:
+        self.rank, self.size = rank_and_size()
+        self.global_batch = batch_size * self.size if batch_size else None
+        self.steps, self.epochs, self.current = steps, epochs, start
+        self.started = time.time()
+        self.events = self._events()
+        self.last: dict = {}
+        self.done, self.last_emit, self.epoch_start = 0, 0.0, time.time()
+        self.board = self._tensorboard()
+        self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
+                         versions={"torch": torch.__version__})
+
+    def _events(self) -> Events:
+        fd = os.environ.get("EDGETRAIN_EVENTS_FD")
+        if self.rank != 0 or fd is None:
+            return Events(sys.stdout, enabled=False)
+        return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True)
+
+    def _tensorboard(self):
+        if self.rank != 0:
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # TensorBoard is not installed: the rest works without it
+            return None
+        return SummaryWriter(str(run_dir() / "tensorboard"))
+
+    def step(self, loss: float) -> None:
+        self.done += 1
+        now = time.time()
+        if now - self.last_emit > REPORT_S or self.done == self.steps:
+            self.last_emit = now
+            ips = self.done * self.global_batch / max(now - self.epoch_start, 1e-9) if self.global_batch else None
+            self.events.emit("step", epoch=self.current + 1, step=self.done, steps=self.steps, loss=float(loss),
+                             images_per_sec=ips)
+
+    def epoch(self, loss: float | None = None, **metrics: float) -> dict:
+        """The epoch's figures (the same on every rank, e.g. averaged with all_reduce): recorded on
+        rank 0, and the next epoch begins."""
+        seconds = time.time() - self.epoch_start
+        record = {"epoch": self.current + 1, **({"loss": float(loss)} if loss is not None else {}),
+                  **{k: float(v) for k, v in metrics.items()}}
+        if self.global_batch and self.done:
+            record["images_per_sec"] = self.done * self.global_batch / seconds
+        record.update(elapsed=time.time() - self.started, ranks=self.size)
+        if self.rank == 0:
+            with open(run_dir() / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.events.emit("epoch", **record)
+            if self.board is not None:
+                for k, v in record.items():
+                    if k not in ("epoch", "ranks", "elapsed"):
+                        self.board.add_scalar(k, v, record["epoch"])
+                self.board.flush()
+        self.last, self.current, self.done, self.epoch_start = record, self.current + 1, 0, time.time()
+        return record
