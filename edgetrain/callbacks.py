@@ -25,7 +25,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from edgetrain.shared import checkpoints
-from edgetrain.shared.progress import REPORT_S, Events
+from edgetrain.shared.progress import REPORT_S, Events, rank0_events
 
 _restored_epoch = 0
 
@@ -49,11 +49,7 @@ def rank_and_size() -> tuple[int, int]:
 
 def events() -> Events:
     """Rank 0's progress events, on the stream the launcher reads (silent elsewhere)."""
-    rank, _ = rank_and_size()
-    fd = os.environ.get("EDGETRAIN_EVENTS_FD")
-    if rank != 0 or fd is None:
-        return Events(sys.stdout, enabled=False)
-    return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True)
+    return rank0_events(rank_and_size()[0])
 
 
 def job_name() -> str:

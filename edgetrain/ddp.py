@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from edgetrain.shared import checkpoints
-from edgetrain.shared.progress import REPORT_S, Events
+from edgetrain.shared.progress import REPORT_S, rank0_events
 
 STATE = "state.pt"
 
@@ -93,18 +93,12 @@ class Progress:
         self.global_batch = batch_size * self.size if batch_size else None
         self.steps, self.epochs, self.current = steps, epochs, start
         self.started = time.time()
-        self.events = self._events()
+        self.events = rank0_events(self.rank)
         self.last: dict = {}
         self.done, self.last_emit, self.epoch_start = 0, 0.0, time.time()
         self.board = self._tensorboard()
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
                          versions={"torch": torch.__version__})
-
-    def _events(self) -> Events:
-        fd = os.environ.get("EDGETRAIN_EVENTS_FD")
-        if self.rank != 0 or fd is None:
-            return Events(sys.stdout, enabled=False)
-        return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True)
 
     def _tensorboard(self):
         if self.rank != 0:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import time
 from typing import TextIO
 
@@ -136,3 +138,12 @@ class ConsoleProgress:
                 self.console.print(f"  evaluation at {at}: val_accuracy {e['val_accuracy']:.4f}  ({e['eval_seconds']:.1f} s)", highlight=False)
             if e.get("reached"):
                 self.console.print(f"target val_accuracy {e['target_accuracy']:g} reached at {at}", highlight=False)
+
+
+def rank0_events(rank: int) -> Events:
+    """Rank 0's progress events, on the stream the launcher reads (``EDGETRAIN_EVENTS_FD``, which the
+    worker sets); silent on the other ranks and outside edgetrain."""
+    fd = os.environ.get("EDGETRAIN_EVENTS_FD")
+    if rank != 0 or fd is None:
+        return Events(sys.stdout, enabled=False)
+    return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True)
