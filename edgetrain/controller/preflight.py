@@ -54,61 +54,41 @@ class NodeReport:
 
 
 def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id: str | None, fix_data: str) -> NodeReport:
-    rep = NodeReport(host)
+    """ssh first (nothing else can be asked without it), then the engine, the image (and a GPU
+    node's driver and GPUs), each dataset, the disk; the report holds each check's result."""
+    node = _NodeChecks(nodes, host, NodeReport(host), expected_id, fix_data)
+    if not node.step("ssh", node.ssh):
+        return node.rep
+    if node.step("docker", node.engine) and node.step("image", node.image) and host.is_gpu:
+        # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
+        node.step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
+    for dataset in wanted:
+        node.step("dataset", lambda dataset=dataset: node.dataset(dataset))
+    node.step("disk", node.disk)
+    return node.rep
 
-    def step(name: str, fn: Callable[[], str]) -> bool:
+
+@dataclass
+class _NodeChecks:
+    """One node's checks, each returning what it found (a line) or raising what is wrong."""
+
+    nodes: Nodes
+    host: Host
+    rep: NodeReport
+    expected_id: str | None
+    fix_data: str
+
+    def step(self, name: str, fn: Callable[[], str]) -> bool:
         try:
-            rep.checks.append(Check(name, True, fn()))
+            self.rep.checks.append(Check(name, True, fn()))
             return True
         except EdgetrainError as exc:
-            rep.checks.append(Check(name, False, str(exc)))
+            self.rep.checks.append(Check(name, False, str(exc)))
             return False
 
-    def engine() -> str:
-        version = nodes.check(host, ["docker", "version", "--format", "{{.Server.Version}}"], "asking the Docker engine",
-                              "start Docker on the node, and let the ssh user use it (ansible-playbook ... --tags docker)")
-        left = containers.leftovers(nodes, host)
-        if left:
-            raise EdgetrainError(f"container {next(iter(left))} of another run is still on {host.name}",
-                                 "if no run is going: edgetrain clean -i INVENTORY")
-        return f"Docker {version.strip()}"
-
-    def image() -> str:
-        tag = images.image_for(host)
-        proc = nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}}", tag])
-        if proc.returncode != 0:
-            raise EdgetrainError(f"{host.name} has no image {tag}", "edgetrain images distribute -i INVENTORY")
-        rep.image_id, arch = proc.stdout.split()
-        want = images.target_for(host).docker_arch
-        if arch != want:
-            raise EdgetrainError(f"{tag} on {host.name} is {arch}, the node is {want}", "set edgetrain_image to an image of its arch")
-        if expected_id and rep.image_id != expected_id:
-            raise EdgetrainError(f"{tag} on {host.name} is {rep.image_id[7:19]}, this machine's is {expected_id[7:19]}",
-                                 "edgetrain images distribute -i INVENTORY")
-        return f"{tag} {rep.image_id[7:19]} ({arch})"
-
-    def data(dataset: str) -> Callable[[], str]:
-        def check() -> str:
-            where = f"{host.datasets_dir}/{dataset}"
-            script = f"cd {shlex.quote(where)} 2>/dev/null && sha256sum -- {' '.join(datasets.candidate_names(dataset))} 2>/dev/null; true"
-            out = nodes.check(host, ["sh", "-c", script], "hashing the dataset")
-            digests = {name: digest for digest, name in (line.split(None, 1) for line in out.splitlines() if line.strip())}
-            rep.data_formats[dataset] = datasets.choose_format(dataset, digests, f"{host.name}:{where}", fix_data)
-            return f"{dataset} ({rep.data_formats[dataset]}) in {where}, sha256 verified"
-        return check
-
-    def disk() -> str:
-        d = host.runs_dir
-        out = nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && pwd && df -Pk ."], f"creating {d}")
-        lines = out.splitlines()
-        rep.runs_dir, free = lines[0], int(lines[-1].split()[3]) * 1024
-        if free < MIN_FREE_DISK:
-            raise EdgetrainError(f"only {free / 1024**3:.1f} GiB free in {rep.runs_dir} on {host.name}",
-                                 "free some disk or set edgetrain_runs_dir for the node")
-        return f"{rep.runs_dir}, {free / 1024**3:.0f} GiB free"
-
-    def ssh() -> str:
-        said = nodes.check(host, ["true"], "ssh")
+    def ssh(self) -> str:
+        host = self.host
+        said = self.nodes.check(host, ["true"], "ssh")
         if said.strip():
             # Every answer edgetrain reads from a node would start with this text.
             raise EdgetrainError(f"the login shell of {host.ssh_target} prints text for commands run over ssh "
@@ -116,15 +96,47 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
                                  "make the shell's startup files print only in interactive shells (e.g. test $- for i in ~/.bashrc)")
         return f"{host.ssh_target} port {host.port}"
 
-    if not step("ssh", ssh):
-        return rep
-    if step("docker", engine) and step("image", image) and host.is_gpu:
-        # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
-        step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
-    for dataset in wanted:
-        step("dataset", data(dataset))
-    step("disk", disk)
-    return rep
+    def engine(self) -> str:
+        version = self.nodes.check(self.host, ["docker", "version", "--format", "{{.Server.Version}}"], "asking the Docker engine",
+                                   "start Docker on the node, and let the ssh user use it (ansible-playbook ... --tags docker)")
+        left = containers.leftovers(self.nodes, self.host)
+        if left:
+            raise EdgetrainError(f"container {next(iter(left))} of another run is still on {self.host.name}",
+                                 "if no run is going: edgetrain clean -i INVENTORY")
+        return f"Docker {version.strip()}"
+
+    def image(self) -> str:
+        host, tag = self.host, images.image_for(self.host)
+        proc = self.nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}}", tag])
+        if proc.returncode != 0:
+            raise EdgetrainError(f"{host.name} has no image {tag}", "edgetrain images distribute -i INVENTORY")
+        self.rep.image_id, arch = proc.stdout.split()
+        want = images.target_for(host).docker_arch
+        if arch != want:
+            raise EdgetrainError(f"{tag} on {host.name} is {arch}, the node is {want}", "set edgetrain_image to an image of its arch")
+        if self.expected_id and self.rep.image_id != self.expected_id:
+            raise EdgetrainError(f"{tag} on {host.name} is {self.rep.image_id[7:19]}, this machine's is {self.expected_id[7:19]}",
+                                 "edgetrain images distribute -i INVENTORY")
+        return f"{tag} {self.rep.image_id[7:19]} ({arch})"
+
+    def dataset(self, dataset: str) -> str:
+        where = f"{self.host.datasets_dir}/{dataset}"
+        script = f"cd {shlex.quote(where)} 2>/dev/null && sha256sum -- {' '.join(datasets.candidate_names(dataset))} 2>/dev/null; true"
+        out = self.nodes.check(self.host, ["sh", "-c", script], "hashing the dataset")
+        digests = {name: digest for digest, name in (line.split(None, 1) for line in out.splitlines() if line.strip())}
+        self.rep.data_formats[dataset] = datasets.choose_format(dataset, digests, f"{self.host.name}:{where}", self.fix_data)
+        return f"{dataset} ({self.rep.data_formats[dataset]}) in {where}, sha256 verified"
+
+    def disk(self) -> str:
+        d = self.host.runs_dir
+        out = self.nodes.check(self.host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && pwd && df -Pk ."],
+                               f"creating {d}")
+        lines = out.splitlines()
+        self.rep.runs_dir, free = lines[0], int(lines[-1].split()[3]) * 1024
+        if free < MIN_FREE_DISK:
+            raise EdgetrainError(f"only {free / 1024**3:.1f} GiB free in {self.rep.runs_dir} on {self.host.name}",
+                                 "free some disk or set edgetrain_runs_dir for the node")
+        return f"{self.rep.runs_dir}, {free / 1024**3:.0f} GiB free"
 
 
 def check_nodes(nodes: Nodes, plan: Placement, wanted: tuple[str, ...], inventory_source: Path) -> list[NodeReport]:

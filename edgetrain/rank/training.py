@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 # Before TensorFlow loads: its INFO lines would otherwise reach the console ahead of the rank log.
@@ -56,8 +57,42 @@ def weights_digest(model) -> str:
 
 
 def train(args: argparse.Namespace) -> dict:
+    rank, size = _set_up_rank(args)
+    spec = get_job(args.job)
+    job = spec.load()
+    data = _shards(spec, rank, size, args)
+    net = _model(job, {**spec.options, **args.options}, data.train)
+    # Linearly by default: for LeNet's Adam the square root, the rule often given for Adam, needed
+    # as many or more images to reach its target accuracy (docs/scaling.md).
+    peak = learning_rate.scale(size, args.backward_passes_per_step, args.batch_size, spec.batch_size, args.lr_scaling)
+    lr = job.BASE_LR * peak
+    opt = _compiled(net, job.optimizer(lr), data, args)
+    state = tf.train.Checkpoint(model=net, optimizer=opt)
+
+    initial_epoch = et.restore(state)
+    if initial_epoch and rank == 0:
+        print(f"resumed from {os.environ['EDGETRAIN_RESUME_FROM']} (epoch {initial_epoch}), weights sha256 {weights_digest(net)}", flush=True)
+    hvd_tf.broadcast_variables(net.variables, root_rank=0)
+    hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
+
+    train_ds, test_ds = _datasets(job, data, args, rank)
+    progress, callbacks = _callbacks(job, state, data, test_ds, args, lr, peak, rank)
+    net.fit(
+        train_ds,
+        steps_per_epoch=data.steps,
+        epochs=args.epochs,
+        initial_epoch=initial_epoch,
+        validation_data=test_ds,
+        callbacks=callbacks,
+        verbose=0,
+    )
+    digest = weights_digest(net)
+    print(f"final weights sha256 {digest}", flush=True)
+    return {"weights_sha256": digest, "stopped_early": progress.reached_target, "last": progress.last}
+
+
+def _set_up_rank(args: argparse.Namespace) -> tuple[int, int]:
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
     # One GPU per rank, before TensorFlow creates anything (no-op without GPUs).
     pinned = gpu.pin_gpu(tf, hvd.local_rank())
     # Ranks sharing a machine share its cores; TensorFlow would otherwise give each all of them.
@@ -68,22 +103,27 @@ def train(args: argparse.Namespace) -> dict:
     # TensorFlow's own reading, so the log shows what it will use, not what was asked.
     print(f"{tf.config.threading.get_intra_op_parallelism_threads()} TF threads, TF {tf.__version__}, Horovod {horovod.__version__}"
           + (f", {pinned}" if pinned else ""), flush=True)
+    return hvd.rank(), hvd.size()
 
-    spec = get_job(args.job)
-    job = spec.load()
-    options = {**spec.options, **args.options}
 
+@dataclass
+class _Data:
+    """This rank's shards, the steps every rank takes an epoch, and the test examples it scores."""
+
+    train: datasets.Split
+    test: datasets.Split
+    steps: int
+    evaluated: int
+
+
+def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     # The worker points EDGETRAIN_DATA at the node's datasets (a container's mount, or the run's links).
     files = datasets.locate(spec.dataset, Path(os.environ["EDGETRAIN_DATA"]) if "EDGETRAIN_DATA" in os.environ else None)
     train_all, test_all = datasets.load(files)
-    train_split = datasets.shard(train_all, rank, size)
-    test_split = datasets.shard(test_all, rank, size)
-    del train_all, test_all
-
-    steps = len(train_split.y) // args.batch_size
+    train_split, test_split = datasets.shard(train_all, rank, size), datasets.shard(test_all, rank, size)
     # Shards differ by at most one example: every rank must take the same number of steps, or
     # the allreduce of the shorter one would wait forever.
-    steps = int(hvd_tf.allreduce(tf.constant(steps), op=hvd_tf.Min, name="steps"))
+    steps = int(hvd_tf.allreduce(tf.constant(len(train_split.y) // args.batch_size), op=hvd_tf.Min, name="steps"))
     evaluated = len(test_split.y)
     if args.eval_examples:
         # The count is for the whole set; rounding up keeps each rank's share of a small one non-empty.
@@ -92,20 +132,23 @@ def train(args: argparse.Namespace) -> dict:
         steps, evaluated = min(steps, args.max_steps), min(evaluated, args.max_steps * args.batch_size)
     if steps < 1:
         raise ValueError(f"batch size {args.batch_size} leaves no full batch in a shard of {len(train_split.y)} examples")
+    return _Data(train_split, test_split, steps, evaluated)
 
+
+def _model(job, options: dict, train_split: datasets.Split):
     net = job.model(options)
     if getattr(job, "NORMALIZE", False):
         mean = hvd_tf.allreduce(np.mean(train_split.x, dtype=np.float64), name="mean").numpy()
         var = hvd_tf.allreduce(np.var(train_split.x, dtype=np.float64), name="var").numpy()
         net = tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Normalization(mean=mean, variance=var), net])
+    return net
 
-    # Linearly by default: for LeNet's Adam the square root, the rule often given for Adam, needed
-    # as many or more images to reach its target accuracy (docs/scaling.md).
-    peak = learning_rate.scale(size, args.backward_passes_per_step, args.batch_size, spec.batch_size, args.lr_scaling)
-    lr = job.BASE_LR * peak
-    # Accumulated gradients are averaged, not summed, so that the rate above is the one they meet.
+
+def _compiled(net, optimizer, data: _Data, args: argparse.Namespace):
+    """The model compiled with Horovod's optimizer around ``optimizer``, built and traced once."""
+    # Accumulated gradients are averaged, not summed, so that the scaled rate is the one they meet.
     opt = hvd.DistributedOptimizer(
-        job.optimizer(lr),
+        optimizer,
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
         backward_passes_per_step=args.backward_passes_per_step,
         average_aggregated_gradients=True,
@@ -118,30 +161,29 @@ def train(args: argparse.Namespace) -> dict:
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                 steps_per_execution=per_call)
     opt.build(net.trainable_variables)
-    tracing.build_metrics(net, train_split.x, train_split.y)
-    state = tf.train.Checkpoint(model=net, optimizer=opt)
+    tracing.build_metrics(net, data.train.x, data.train.y)
+    return opt
 
-    initial_epoch = et.restore(state)
-    if initial_epoch and rank == 0:
-        print(f"resumed from {os.environ['EDGETRAIN_RESUME_FROM']} (epoch {initial_epoch}), weights sha256 {weights_digest(net)}", flush=True)
-    hvd_tf.broadcast_variables(net.variables, root_rank=0)
-    hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
 
+def _datasets(job, data: _Data, args: argparse.Namespace, rank: int):
     augment = getattr(job, "augment", None)
     train_ds = (
-        tf.data.Dataset.from_tensor_slices((train_split.x, train_split.y))
-        .shuffle(len(train_split.y), seed=args.seed + rank)
+        tf.data.Dataset.from_tensor_slices((data.train.x, data.train.y))
+        .shuffle(len(data.train.y), seed=args.seed + rank)
         .repeat()
         .batch(args.batch_size, drop_remainder=True)
     )
     if augment is not None:
         layer = augment()
         train_ds = train_ds.map(lambda x, y: (layer(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE)
-    train_ds = train_ds.prefetch(tf.data.AUTOTUNE)
     # Evaluation keeps no gradients, so batches can be large: LeNet's forward pass on one core ran
     # about 1.7x faster at 256-1000 than at 64, with the same accuracy.
-    test_ds = tf.data.Dataset.from_tensor_slices((test_split.x[:evaluated], test_split.y[:evaluated])).batch(EVAL_BATCH)
+    test_ds = tf.data.Dataset.from_tensor_slices((data.test.x[:data.evaluated], data.test.y[:data.evaluated])).batch(EVAL_BATCH)
+    return train_ds.prefetch(tf.data.AUTOTUNE), test_ds
 
+
+def _callbacks(job, state, data: _Data, test_ds, args: argparse.Namespace, lr: float, peak: float, rank: int):
+    """The recipe's callbacks, in the order they must run, and the progress callback among them."""
     schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
 
     def lr_multiplier(epoch: float) -> float:
@@ -157,10 +199,10 @@ def train(args: argparse.Namespace) -> dict:
         # Keras 2.11+ optimizers hold momentum as a float, which Horovod's momentum correction
         # cannot rescale; the rate changes gradually enough to do without it.
         hvd.callbacks.LearningRateScheduleCallback(
-            initial_lr=lr, multiplier=lr_multiplier, staircase=False, steps_per_epoch=steps, momentum_correction=False
+            initial_lr=lr, multiplier=lr_multiplier, staircase=False, steps_per_epoch=data.steps, momentum_correction=False
         ),
     ]
-    validation_examples = int(hvd_tf.allreduce(tf.constant(evaluated), op=hvd_tf.Sum, name="validation_examples"))
+    validation_examples = int(hvd_tf.allreduce(tf.constant(data.evaluated), op=hvd_tf.Sum, name="validation_examples"))
     progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples)
     callbacks += [
         progress,
@@ -168,18 +210,7 @@ def train(args: argparse.Namespace) -> dict:
         et.Checkpoints(state, progress, extra={"options": checkpoint_options(args)}),
         tf.keras.callbacks.TensorBoard(log_dir=str(et.run_dir() / "tensorboard"), profile_batch=0) if rank == 0 else None,
     ]
-    net.fit(
-        train_ds,
-        steps_per_epoch=steps,
-        epochs=args.epochs,
-        initial_epoch=initial_epoch,
-        validation_data=test_ds,
-        callbacks=[c for c in callbacks if c is not None],
-        verbose=0,
-    )
-    digest = weights_digest(net)
-    print(f"final weights sha256 {digest}", flush=True)
-    return {"weights_sha256": digest, "stopped_early": progress.reached_target, "last": progress.last}
+    return progress, [c for c in callbacks if c is not None]
 
 
 class AverageNonTrainable(tf.keras.callbacks.Callback):

@@ -233,31 +233,9 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     manifest = None
     code = 0
     try:
-        manifest_file = run_dir / workdir.MANIFEST
-        if args.store is not None and manifest_file.is_file():
-            manifest = workdir.Manifest.from_json(manifest_file.read_text())
-            workdir.materialize(manifest, args.store, cwd)
-        cwd.mkdir(parents=True, exist_ok=True)
-        outputs.mkdir(parents=True, exist_ok=True)
-        os.chdir(cwd)
-        os.environ.update(EDGETRAIN_RUN_DIR=str(run_dir), EDGETRAIN_OUTPUT_DIR=str(outputs), EDGETRAIN_RANK=str(rank),
-                          EDGETRAIN_JOB=args.job_name)
-        if args.resume_from:
-            os.environ["EDGETRAIN_RESUME_FROM"] = args.resume_from
-        if rank == 0:
-            os.environ["EDGETRAIN_EVENTS_FD"] = str(console)
-        if args.data is not None:
-            os.environ["EDGETRAIN_DATA"] = str(args.data)
-            link_datasets(args.data, keras_home())
-        program_args = strategy.set_up_rank(rank, args.peers, args.args)
-        if args.module:
-            sys.argv = [args.program, *program_args]
-            runpy.run_module(args.program, run_name="__main__", alter_sys=True)
-        else:
-            script = str(cwd / args.program) if manifest is not None else args.program
-            sys.argv = [script, *program_args]
-            sys.path.insert(0, str(Path(script).parent))
-            runpy.run_path(script, run_name="__main__")
+        manifest = _working_copy(args, cwd, outputs)
+        _environment(args, rank, console, outputs)
+        _program(args, cwd if manifest is not None else None, strategy.set_up_rank(rank, args.peers, args.args))
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
@@ -274,24 +252,66 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
             _say(f"edgetrain: could not list rank 0's outputs: {exc}")
-    if code == 0:
-        try:
-            failures.mark_ended(run_dir, rank)
-        except OSError:
-            pass  # a hint for the launcher's attribution, not needed to finish
+    return _ended(run_dir, rank, host, events) if code == 0 else code
+
+
+def _working_copy(args: argparse.Namespace, cwd: Path, outputs: Path) -> workdir.Manifest | None:
+    """The rank's copy of the shipped folder (and its manifest), or None for a program that ships none."""
+    manifest = None
+    manifest_file = args.run_dir / workdir.MANIFEST
+    if args.store is not None and manifest_file.is_file():
+        manifest = workdir.Manifest.from_json(manifest_file.read_text())
+        workdir.materialize(manifest, args.store, cwd)
+    cwd.mkdir(parents=True, exist_ok=True)
+    outputs.mkdir(parents=True, exist_ok=True)
+    os.chdir(cwd)
+    return manifest
+
+
+def _environment(args: argparse.Namespace, rank: int, console: int, outputs: Path) -> None:
+    os.environ.update(EDGETRAIN_RUN_DIR=str(args.run_dir), EDGETRAIN_OUTPUT_DIR=str(outputs), EDGETRAIN_RANK=str(rank),
+                      EDGETRAIN_JOB=args.job_name)
+    if args.resume_from:
+        os.environ["EDGETRAIN_RESUME_FROM"] = args.resume_from
+    if rank == 0:
+        os.environ["EDGETRAIN_EVENTS_FD"] = str(console)
+    if args.data is not None:
+        os.environ["EDGETRAIN_DATA"] = str(args.data)
+        link_datasets(args.data, keras_home())
+
+
+def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: list[str]) -> None:
+    """Run the module or script as ``__main__`` (a shipped script from the rank's working copy)."""
+    if args.module:
+        sys.argv = [args.program, *program_args]
+        runpy.run_module(args.program, run_name="__main__", alter_sys=True)
+        return
+    script = str(shipped_to / args.program) if shipped_to is not None else args.program
+    sys.argv = [script, *program_args]
+    sys.path.insert(0, str(Path(script).parent))
+    runpy.run_path(script, run_name="__main__")
+
+
+def _ended(run_dir: Path, rank: int, host: str, events: Events) -> int:
+    """The program returned: say so, and under Horovod wait for every rank at the final barrier."""
+    try:
+        failures.mark_ended(run_dir, rank)
+    except OSError:
+        pass  # a hint for the launcher's attribution, not needed to finish
     hvd = horovod_module()
-    if code == 0 and hvd is not None:
-        try:
-            # An allreduce is a barrier: once it completes every rank has run its program to the end.
-            hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
-            events.emit("finished")
-        except BaseException as exc:  # noqa: BLE001
-            said = str(exc).split("}}")[-1].strip().splitlines()[0] if str(exc) else type(exc).__name__
-            failures.write(run_dir, rank, host, "its script ended while other ranks were still training",
-                           traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
-                           kind=failures.Kind.ENDED_EARLY)
-            code = 1
-    return code
+    if hvd is None:
+        return 0
+    try:
+        # An allreduce is a barrier: once it completes every rank has run its program to the end.
+        hvd.allreduce(sys.modules["tensorflow"].constant(0), name="edgetrain.finished")
+        events.emit("finished")
+    except BaseException as exc:  # noqa: BLE001
+        said = str(exc).split("}}")[-1].strip().splitlines()[0] if str(exc) else type(exc).__name__
+        failures.write(run_dir, rank, host, "its script ended while other ranks were still training",
+                       traceback.format_exc(), fix=f"run the same collective steps on every rank (Horovod: {said})",
+                       kind=failures.Kind.ENDED_EARLY)
+        return 1
+    return 0
 
 
 def _end(code: int, scratch: str, pump: threading.Thread | None, abort: bool = False) -> None:
