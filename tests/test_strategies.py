@@ -3,6 +3,8 @@ read from a real inventory's placement; and the launcher and the worker that use
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -40,3 +42,13 @@ def test_the_launcher_and_the_worker_compare_no_strategy_names():
     for module in ("controller/launch.py", "rank/worker.py", "controller/runtimes.py"):
         text = (ROOT / "edgetrain" / module).read_text()
         assert not re.search(rf"(==|!=|\bin)\s*\(?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=)", text), module
+
+
+def test_what_each_strategy_needs_is_what_the_image_probe_reports():
+    """The docker runtime checks a strategy's ``needs`` against the probe's report of every rank,
+    the host runtime with importlib: a name only one of them knows would refuse every run."""
+    probe = ast.parse((ROOT / "edgetrain" / "rank" / "probe.py").read_text())
+    reported = {key.value for node in ast.walk(probe) if isinstance(node, ast.Dict)
+                for key in node.keys if isinstance(key, ast.Constant)}
+    for s in strategies.STRATEGIES.values():
+        assert s.needs in reported and importlib.util.find_spec(s.needs) is not None, s.name

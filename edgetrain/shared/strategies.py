@@ -64,7 +64,7 @@ class Strategy:
     name: ClassVar[str]
     help: ClassVar[str]
     builtin_jobs: ClassVar[bool] = False  # the built-in jobs train with this strategy
-    needs: ClassVar[str] = "horovod.tensorflow"  # the module every rank imports for it
+    needs: ClassVar[str] = "horovod"  # what every rank imports for it: a package, as the image probe names it
     port_option: ClassVar[str | None] = None  # the run option that picks its ports (RunRequest field)
 
     # -- on the controller, before anything starts ----------------------------------------------
