@@ -29,7 +29,7 @@ from edgetrain.controller import inventory as inventories
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, Torch
 from edgetrain.controller.remote import Nodes
 
 app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
@@ -58,8 +58,8 @@ def run(
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
     strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
-    tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = 23456,
-    master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = 29500,
+    tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = TfMultiWorker.default_port,
+    master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,

@@ -27,7 +27,7 @@ from edgetrain.shared import checkpoints, failures, progress, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, Torch
 
 
 @dataclass
@@ -41,8 +41,8 @@ class RunRequest:
     per_node: int | None = None  # ranks per host at most (bench: one per node); None: the inventory's slots
     runtime: str | None = None  # None: the inventory's edgetrain_runtime
     strategy: str = DEFAULT
-    tf_port: int = 23456
-    master_port: int = 29500  # torch's MASTER_PORT on rank 0's host (torchrun's default)
+    tf_port: int = TfMultiWorker.default_port
+    master_port: int = Torch.default_port  # torch's MASTER_PORT on rank 0's host
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
     resume: str | None = None

@@ -66,6 +66,7 @@ class Strategy:
     builtin_jobs: ClassVar[bool] = False  # the built-in jobs train with this strategy
     needs: ClassVar[str] = "horovod"  # what every rank imports for it: a package, as the image probe names it
     port_option: ClassVar[str | None] = None  # the run option that picks its ports (RunRequest field)
+    default_port: ClassVar[int] = 0  # that option's default
 
     # -- on the controller, before anything starts ----------------------------------------------
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
@@ -132,6 +133,7 @@ class TfMultiWorker(Strategy):
     help = "TensorFlow's MultiWorkerMirroredStrategy; TF_CONFIG written per worker"
     needs = "tensorflow"
     port_option = "tf_port"
+    default_port = 23456
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         return {host.name: [base_port + i for i in range(n)] for host, n in plan.ranks}
@@ -162,6 +164,7 @@ class Torch(Strategy):
             "LOCAL_RANK, ...) and {rank}, {world_size}, {master_url}, ... in the script's arguments")
     needs = "torch"
     port_option = "master_port"
+    default_port = 29500  # torchrun's
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         # MASTER_PORT for the script's rendezvous, the next one for edgetrain's join check before it.
