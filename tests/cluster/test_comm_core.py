@@ -49,14 +49,18 @@ report, stop = sys.argv[1:]
 with open(f"{report}.tmp{hvd.rank()}", "w") as f:
     json.dump({"rank": hvd.rank(), "pid": os.getpid(), "made": made}, f)
 os.replace(f"{report}.tmp{hvd.rank()}", f"{report}{hvd.rank()}.json")
-while not os.path.exists(stop):  # TensorFlow computes, Horovod communicates, until told to stop
+# TensorFlow computes, Horovod communicates, until told to stop. The ranks decide together: one
+# that left the loop alone would wait in its next collective for one the other never makes.
+while True:
     tf.matmul(x, x)
     hvd.allreduce(tf.ones([50_000]), name="grad")
+    if hvd.allreduce(tf.constant(float(os.path.exists(stop))), name="stop", op=hvd.Max) > 0:
+        break
     time.sleep(0.05)
-hvd.allreduce(tf.constant(0.0), name="barrier")
 # MPI_Finalize can hang with MPICH 4.0.2 ch4:ucx: end as edgetrain.rank.worker does, telling Hydra the
 # end is meant (else it may take this rank for dead and end the other with status 1).
-pmi.finalize()
+if not pmi.finalize():
+    print(f"rank {hvd.rank()}: no finalize_ack from Hydra", file=sys.stderr, flush=True)
 os._exit(0)
 """
 
@@ -71,11 +75,13 @@ def moved_threads(tmp_path: Path, controller: str) -> tuple[list[dict], set[int]
                HOROVOD_CYCLE_TIME="5" if controller == "gloo" else "0", UCX_TLS="tcp,self", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     if controller == "mpi":
         group.limit(20_000, 100_000)  # a fifth of a core: the polling threads wait runnable, as on a throttled node
+    log = tmp_path / "mpirun.log"
     with contextlib.ExitStack() as stack:
         stack.callback(group.remove)
         stack.enter_context(moving([group]))
+        out = stack.enter_context(log.open("wb"))
         proc = subprocess.Popen(group.command(["mpirun", "-n", "2", sys.executable, str(script), str(report), str(stop)]),
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         # Whatever is left ends before the mover stops and the groups go: a rank's thread keeps them busy.
         stack.callback(proc.wait)
         stack.callback(group.kill)
@@ -96,7 +102,7 @@ def moved_threads(tmp_path: Path, controller: str) -> tuple[list[dict], set[int]
         moved = {int(t) for t in tasks.read_text().split()}
         stop.touch()
         group.wait_while_working(lambda: proc.poll() is not None, "end of mpirun")
-        assert proc.returncode == 0
+        assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
     return ranks, moved
 
 
