@@ -59,13 +59,14 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
         running = containers.Containers(nodes, plan, tag, dirs)
         running.start()
         try:
-            worker = [containers.PYTHON, "-m", "edgetrain.rank.worker", "--run-dir", containers.RUN_MOUNT,
+            token = progress.new_token()
+            worker = [containers.PYTHON, "-m", "edgetrain.rank.worker", "--run-dir", containers.RUN_MOUNT, "--events-token", token,
                       "--data", containers.DATA_MOUNT, "--job-name", program.name, *program.worker_args()]
             start = time.monotonic()
             proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert proc.stdout is not None
             for line in proc.stdout:
-                if any(isinstance(e, dict) and e["event"] == "step" for e in progress.parse(line)):
+                if any(isinstance(e, dict) and e["event"] == "step" for e in progress.parse(line, token)):
                     return time.monotonic() - start
             raise SystemExit(f"bare mpirun --np {np} ended without a training step")
         finally:
@@ -82,7 +83,7 @@ def _first_keras_step(cmd: list[str], cwd: Path, env: dict) -> tuple[float, int]
     assert proc.stdout is not None
     first = None
     for line in proc.stdout:
-        if first is None and any(isinstance(e, dict) and e["event"] == "keras" for e in progress.parse(line)):
+        if first is None and any(isinstance(e, dict) and e["event"] == "keras" for e in progress.parse(line, None)):
             first = time.monotonic() - start
     code = proc.wait()
     if first is None:

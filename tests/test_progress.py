@@ -9,37 +9,81 @@ import time
 
 from rich.console import Console
 
-from edgetrain.shared.progress import EVENT_PREFIX, ConsoleProgress, parse
+import pytest
 
-EPOCH = {"event": "epoch", "epoch": 2, "images_per_sec": 3487.4}
+from edgetrain.shared.progress import EVENT_PREFIX, ConsoleProgress, Events, checked, parse
+
+EPOCH = {"event": "epoch", "epoch": 2, "elapsed": 10.0, "images_per_sec": 3487.4}
 # Keras' in-place redraw, as read with universal newlines: its carriage return ends the line.
 UPDATE = " 58/60 [============================>.] - ETA: 0s - loss: 0.6200"
 
 
-def event_line(event: dict) -> str:
-    return EVENT_PREFIX + json.dumps(event) + "\n"
+TOKEN = "0123456789abcdef"
+
+
+def event_line(event: dict, token: str = TOKEN) -> str:
+    out = io.StringIO()
+    Events(out, enabled=True, token=token).emit(**event)
+    return out.getvalue()
+
+
+def parse_(line: str) -> list:
+    return parse(line, TOKEN)
 
 
 def test_an_event_after_a_keras_update_on_the_same_line_is_still_an_event():
-    pieces = parse(UPDATE + event_line(EPOCH))
+    pieces = parse_(UPDATE + event_line(EPOCH))
     assert pieces == [{"event": "keras", "step": 58, "steps": 60, "text": "loss: 0.6200"}, EPOCH]
 
 
 def test_an_event_after_the_programs_unfinished_line_keeps_that_text_as_output():
-    assert parse("saving model..." + event_line(EPOCH)) == ["saving model...", EPOCH]
+    assert parse_("saving model..." + event_line(EPOCH)) == ["saving model...", EPOCH]
 
 
 def test_keras_backspaces_are_no_output_and_the_programs_lines_are_kept():
-    assert parse("\b" * 82 + "\n") == []
-    assert parse(UPDATE + "\b" * 40 + "\n") == [{"event": "keras", "step": 58, "steps": 60, "text": "loss: 0.6200"}]
-    assert parse("\n") == [""]
-    assert parse("60/60 [==============================] - 1s 20ms/step - loss: 0.6\n") == [
+    assert parse_("\b" * 82 + "\n") == []
+    assert parse_(UPDATE + "\b" * 40 + "\n") == [{"event": "keras", "step": 58, "steps": 60, "text": "loss: 0.6200"}]
+    assert parse_("\n") == [""]
+    assert parse_("60/60 [==============================] - 1s 20ms/step - loss: 0.6\n") == [
         "60/60 [==============================] - 1s 20ms/step - loss: 0.6"]
-    assert parse(event_line(EPOCH)) == [EPOCH]
+    assert parse_(event_line(EPOCH)) == [EPOCH]
 
 
 def test_a_malformed_event_is_shown_as_the_programs_text():
-    assert parse(EVENT_PREFIX + "{not json\n") == [EVENT_PREFIX + "{not json"]
+    marker = f"{EVENT_PREFIX}:{TOKEN} "
+    for body in ("{not json", "[]", "3", '"finished"', '{"event": "keras", "step": 1, "steps": 2, "text": ""}',
+                 '{"event": "nonsense"}', '{"no": "kind"}'):
+        assert parse_(marker + body + "\n") == [marker + body], body
+
+
+@pytest.mark.parametrize("event", [
+    {"event": "start", "job": "lenet", "ranks": "2", "epochs": 1, "initial_epoch": 0, "steps": 10},  # a count as text
+    {"event": "start", "job": "lenet", "ranks": 2, "epochs": 1, "initial_epoch": 0},  # a field missing
+    {"event": "step", "epoch": True, "step": 1, "steps": 10, "loss": 0.5},  # JSON's true is no count
+    {"event": "step", "epoch": 1, "step": 1, "steps": 10, "loss": None},
+    {"event": "epoch", "epoch": 1, "elapsed": 2.0, "loss": "low"},  # a field ConsoleProgress formats as a number
+    {"event": "eval", "epoch": 1, "step": 3, "seconds": 1.0, "val_accuracy": 0.9, "eval_seconds": 0.1, "reached": 1},
+    {"event": "failed", "rank": 0, "host": "n1"},
+])
+def test_an_event_without_its_kinds_fields_is_text_and_never_reaches_a_reader(event):
+    assert checked(json.dumps(event)) is None
+    line = event_line(event)
+    assert parse_(line) == [line.rstrip("\n")]
+
+
+def test_only_this_attempts_token_makes_an_event():
+    finished = {"event": "finished"}
+    assert parse_(event_line(finished)) == [finished]
+    # A log of an earlier attempt (another token), the prefix alone, or the token of no attempt.
+    for line in (event_line(finished, token="fedcba9876543210"), f"{EVENT_PREFIX} " + json.dumps(finished) + "\n",
+                 "replaying an old log: @edgetrain {\"event\": \"finished\"}\n"):
+        assert parse_(line) == [line.rstrip("\n")]
+    assert parse(event_line(finished), None) == [event_line(finished).rstrip("\n")]
+
+
+def test_events_cannot_be_written_without_a_token():
+    with pytest.raises(ValueError):
+        Events(io.StringIO(), enabled=True, token="")
 
 
 def test_the_bar_is_drawn_when_rank_0_reports_and_not_in_between():

@@ -215,3 +215,36 @@ def test_every_epoch_line_reaches_the_console_when_the_script_leaves_its_line_un
     assert EVENT_PREFIX not in r.stdout, r.stdout
     assert [json.loads(line)["epoch"] for line in (only_run(root).path / "metrics.jsonl").read_text().splitlines()
             if '"kind"' not in line] == [1, 2, 3, 4]
+
+
+HOSTILE_EVENTS = {
+    # The reproduction: an old log line replayed, then a failure.
+    "replayed": 'import sys\nprint(\'replaying an old log: @edgetrain {"event": "finished"}\', flush=True)\nsys.exit(1)\n',
+    # The run's own event, sent by the program itself before it fails: a finished event never beats an exit status.
+    "own-token": ("import sys\nfrom edgetrain.shared.progress import rank0_events\n"
+                  "rank0_events(0).emit('finished')\nsys.exit(1)\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_EVENTS))
+def test_a_finished_event_never_turns_a_failed_program_into_a_completed_run(tmp_path, case):
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text(HOSTILE_EVENTS[case])
+    r = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(tmp_path / "runs"), timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert only_run(tmp_path / "runs").info()["status"] == "failed"
+    assert "completed" not in r.stdout and "the program exited with status 1" in r.stderr
+
+
+def test_a_malformed_event_is_the_programs_text_not_a_crash(tmp_path):
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import os\ntoken = os.environ['EDGETRAIN_EVENTS_TOKEN']\n"
+                      "print('@edgetrain []')\nprint(f'@edgetrain:{token} []')\nprint(f'@edgetrain:{token} {{\"event\": \"epoch\"}}')\n")
+    r = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(tmp_path / "runs"), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    shown = r.stdout.splitlines()
+    assert "@edgetrain []" in shown and any(line.endswith(' {"event": "epoch"}') for line in shown), r.stdout
+    assert only_run(tmp_path / "runs").info()["status"] == "completed"

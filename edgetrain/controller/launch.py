@@ -65,6 +65,7 @@ class Launch:
     manifest: workdir.Manifest | None
     resumed_epoch: int | None
     lock: runs.RunLock
+    events_token: str  # marks this attempt's own events on mpirun's stream (edgetrain.shared.progress)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -221,8 +222,10 @@ def prepare(req: RunRequest) -> Launch:
             lock = run.lock()
         rt.stage(run, manifest)
         run.machinefile.write_text(plan.machinefile())
+        token = progress.new_token()
         worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
-                  "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name]
+                  "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name,
+                  "--events-token", token]
         worker += strategy.worker_args(plan, base_port)
         if resumed_epoch is not None:
             worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
@@ -232,7 +235,7 @@ def prepare(req: RunRequest) -> Launch:
         except EdgetrainError as exc:
             run.update_info(status=Status.FAILED.value, error=str(exc))
             raise
-        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, started)
+        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, token, started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
@@ -405,7 +408,7 @@ def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on
     for line in proc.stdout:
         if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
             watch.last_output = time.monotonic()
-        for piece in progress.parse(line):
+        for piece in progress.parse(line, launch.events_token):
             if isinstance(piece, str):
                 seen.output.append(piece)
                 on_output(piece)
@@ -436,9 +439,9 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
 
 def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:
     if seen.finished and code != 0:
-        # Every rank passed the final barrier: Hydra's complaint is about how they ended.
-        on_output(f"every rank finished; mpirun still exited with {code} (recorded as returncode in run.json)")
-        return 0
+        # The ranks passed the final barrier, yet something ended with an error after it: a run
+        # is only as good as its exit, so it fails, and says what it did get done.
+        on_output(f"every rank finished its program, but mpirun exited with {code}: the run is recorded as failed")
     return code
 
 

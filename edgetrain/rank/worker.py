@@ -24,7 +24,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from edgetrain.shared import failures, workdir
+from edgetrain.shared import failures, progress, workdir
 from edgetrain.rank import pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
@@ -46,6 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data", type=Path, help="the node's datasets, DIR/<dataset>/<files>")
     p.add_argument("--strategy", choices=tuple(STRATEGIES), default=DEFAULT)
     p.add_argument("--peers", default="", help="what the strategy tells every rank (tf-multiworker: host:port of every worker, in rank order)")
+    p.add_argument("--events-token", default="", help="marks this attempt's events for the launcher (edgetrain.shared.progress)")
     p.add_argument("--job-name", default="", help="names the run's checkpoints (EDGETRAIN_JOB)")
     p.add_argument("--resume-from", default="", help="the checkpoint a resumed run starts from (EDGETRAIN_RESUME_FROM)")
     p.add_argument("--quiet", action="store_true", help="rank 0's output goes to its log only (the program reports events)")
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
-    events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0)
+    events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0 and bool(args.events_token), token=args.events_token)
     host = socket.gethostname()
     _say(f"rank {rank}/{size} on {host} (pid {os.getpid()})")
     # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
@@ -273,8 +274,8 @@ def _environment(args: argparse.Namespace, rank: int, console: int, outputs: Pat
                       EDGETRAIN_JOB=args.job_name)
     if args.resume_from:
         os.environ["EDGETRAIN_RESUME_FROM"] = args.resume_from
-    if rank == 0:
-        os.environ["EDGETRAIN_EVENTS_FD"] = str(console)
+    if rank == 0 and args.events_token:
+        os.environ.update({"EDGETRAIN_EVENTS_FD": str(console), progress.TOKEN_ENV: args.events_token})
     if args.data is not None:
         os.environ["EDGETRAIN_DATA"] = str(args.data)
         link_datasets(args.data, keras_home())

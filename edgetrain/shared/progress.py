@@ -1,38 +1,97 @@
-"""Progress events: rank 0 emits ``@edgetrain {json}`` lines, the controller renders them."""
+"""Progress events: rank 0 emits ``@edgetrain:TOKEN {json}`` lines, the controller renders them.
+
+TOKEN is new for each attempt (the launcher makes it, the worker hands it to rank 0's program), so
+a line a program prints - an old log replayed, a test fixture, another rank's echo - is never taken
+for one of the run's own events; and every event is checked against its kind's fields before
+anything reads it: what does not fit is the program's text."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import sys
 import time
 from typing import TextIO
 
-EVENT_PREFIX = "@edgetrain "
+EVENT_PREFIX = "@edgetrain"
+TOKEN_ENV = "EDGETRAIN_EVENTS_TOKEN"
 # Keras' progress bar between its steps ("12/30 [===>....] - ETA: 4s - loss: ..."), redrawn with
 # carriage returns; the line that ends an epoch has no ETA and is kept as output.
 KERAS_UPDATE = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - ETA: \S+( - (.*))?$")
 # How often rank 0 reports its steps (edgetrain.callbacks), and so how often the console redraws at most.
 REPORT_S = 0.5
 
+NUMBER = (int, float)
+MAYBE_NUMBER = (int, float, type(None))
+# Each kind of event a rank may send: the fields it must have, then fields it may have, with their
+# types - every field the controller reads (ConsoleProgress, the launcher, bench). Other fields
+# (a script's own metrics) travel along unread.
+SCHEMA: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]] = {
+    "start": ({"job": (str,), "ranks": (int,), "epochs": (int,), "initial_epoch": (int,), "steps": (int,)},
+              {"versions": (dict,)}),
+    "step": ({"epoch": (int,), "step": (int,), "steps": (int,), "loss": NUMBER}, {"images_per_sec": MAYBE_NUMBER}),
+    "epoch": ({"epoch": (int,), "elapsed": NUMBER},
+              {k: NUMBER for k in ("loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec")}),
+    "eval": ({"epoch": (int,), "step": (int,), "seconds": NUMBER, "val_accuracy": NUMBER, "eval_seconds": NUMBER},
+             {"reached": (bool,), "target_accuracy": NUMBER}),
+    "finished": ({}, {}),
+    "failed": ({"rank": (int,), "host": (str,), "error": (str,)}, {"fix": (str, type(None)), "kind": (str,)}),
+    "allreduce": ({k: NUMBER for k in ("ranks", "bytes", "iters", "seconds", "cpu_seconds", "latency_seconds", "cycle_seconds")},
+                  {"fp16": (bool,), "transport": (str,)}),
+}
+
+
+def new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def _marker(token: str) -> str:
+    return f"{EVENT_PREFIX}:{token} "
+
+
+def _fits(value, types: tuple[type, ...]) -> bool:
+    # JSON's true is no count: a bool passes only where the schema names bool.
+    return isinstance(value, types) and (not isinstance(value, bool) or bool in types)
+
+
+def checked(text: str) -> dict | None:
+    """The event ``text`` holds, or None where it is not one of SCHEMA's kinds with its fields."""
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("event") not in SCHEMA:
+        return None
+    required, optional = SCHEMA[event["event"]]
+    if not all(k in event and _fits(event[k], t) for k, t in required.items()):
+        return None
+    if not all(_fits(event[k], t) for k, t in optional.items() if k in event):
+        return None
+    return event
+
 
 class Events:
-    """Writes events on a stream; on ranks other than 0 it stays silent."""
+    """Writes events on a stream, marked with the attempt's token; on ranks other than 0 it stays silent."""
 
-    def __init__(self, stream: TextIO, enabled: bool) -> None:
-        self.stream, self.enabled = stream, enabled
+    def __init__(self, stream: TextIO, enabled: bool, token: str = "") -> None:
+        if enabled and not token:
+            raise ValueError("events need the attempt's token")
+        self.stream, self.enabled, self.marker = stream, enabled, _marker(token)
 
     def emit(self, event: str, **fields) -> None:
         if self.enabled:
-            self.stream.write(EVENT_PREFIX + json.dumps({"event": event, **fields}) + "\n")
+            self.stream.write(self.marker + json.dumps({"event": event, **fields}) + "\n")
             self.stream.flush()
 
 
-def parse(line: str) -> list[str | dict]:
+def parse(line: str, token: str | None) -> list[str | dict]:
     """What a line of mpirun's output holds, in order: the program's own text (a str) and events
-    (dicts) - rank 0's ``@edgetrain`` events, and Keras' progress-bar updates (rank 0's, from a
-    script that does not use edgetrain.callbacks) as ``keras`` events.
+    (dicts) - rank 0's ``@edgetrain`` events marked with this attempt's ``token``, and Keras'
+    progress-bar updates (rank 0's, from a script that does not use edgetrain.callbacks) as
+    ``keras`` events. An event that does not fit SCHEMA is text, and so is every event where
+    ``token`` is None (a program outside edgetrain).
 
     Keras redraws its bar in place without ending the line (backspaces, then a carriage return,
     which ends a line here), so an event written just after an update shares its line: events are
@@ -40,13 +99,10 @@ def parse(line: str) -> list[str | dict]:
     line = line.rstrip("\n")
     if not line:
         return [""]
-    text, prefix, rest = line.partition(EVENT_PREFIX)
-    event = None
-    if prefix:
-        try:
-            event = json.loads(rest)
-        except ValueError:
-            text = line
+    text, prefix, rest = line.partition(_marker(token)) if token is not None else (line, "", "")
+    event = checked(rest) if prefix else None
+    if prefix and event is None:
+        text = line
     pieces: list[str | dict] = []
     shown = text.replace("\b", "")
     m = KERAS_UPDATE.match(shown.rstrip())
@@ -141,9 +197,9 @@ class ConsoleProgress:
 
 
 def rank0_events(rank: int) -> Events:
-    """Rank 0's progress events, on the stream the launcher reads (``EDGETRAIN_EVENTS_FD``, which the
-    worker sets); silent on the other ranks and outside edgetrain."""
-    fd = os.environ.get("EDGETRAIN_EVENTS_FD")
-    if rank != 0 or fd is None:
+    """Rank 0's progress events, on the stream the launcher reads (``EDGETRAIN_EVENTS_FD`` and the
+    attempt's token, which the worker sets); silent on the other ranks and outside edgetrain."""
+    fd, token = os.environ.get("EDGETRAIN_EVENTS_FD"), os.environ.get(TOKEN_ENV)
+    if rank != 0 or fd is None or not token:
         return Events(sys.stdout, enabled=False)
-    return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True)
+    return Events(os.fdopen(int(fd), "w", buffering=1, closefd=False), enabled=True, token=token)
