@@ -40,9 +40,9 @@ def edgetrain_run(inv: Path, job: str, np: int, max_steps: int, runs_dir: Path) 
     if proc.returncode != 0:
         raise SystemExit(f"edgetrain run --np {np} failed:\n{proc.stderr}")
     run_id = next(line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("run "))
-    info = runs.find(runs_dir, run_id).info()
+    attempt = runs.find(runs_dir, run_id).record().attempts[-1]
     metrics = runs.find(runs_dir, run_id).metrics()[-1]
-    return {"first_step_s": info["attempts"][-1]["first_step_s"], "total_s": round(total, 1),
+    return {"first_step_s": attempt.first_step_s, "total_s": round(total, 1),
             "images_per_sec": round(metrics["images_per_sec"], 1), "run": run_id}
 
 
@@ -110,7 +110,7 @@ def script_first_step(script: Path, np: int, args: list[str], repeat: int) -> li
             # start of its launch (after the CLI's own imports, about a second).
             subprocess.run([sys.executable, "-m", "edgetrain", "run", str(script), "--np", str(np), "--runs-dir", str(runs_dir),
                             "--", *args], stdin=subprocess.DEVNULL, capture_output=True, check=True)
-            edge = runs.all_runs(runs_dir)[-1].info()["attempts"][-1]["first_step_s"]
+            edge = runs.all_runs(runs_dir)[-1].record().attempts[-1].first_step_s
 
             bare, _ = _first_keras_step([mpi.mpirun_path(), "-n", str(np), sys.executable, str(copy / script.name), *args],
                                         copy, bare_env)

@@ -172,8 +172,8 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     r = edgetrain("bench", "lenet", "--nodes", "1", "--repeat", "2", "--seed", "7", "--epochs", "1", "--max-steps", "16",
                   "--eval-every", "8", "--runs-dir", str(root), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    tries = [run for run in runs.all_runs(root) if run.info().get("job") == "lenet"]
-    args = [run.info()["program"]["args"] for run in tries]
+    tries = [run for run in runs.all_runs(root) if run.record().job == "lenet"]
+    args = [run.record().program.args for run in tries]
     assert sorted(a[a.index("--seed") + 1] for a in args) == ["7", "8"]
     assert all(run.status() == "completed" for run in tries)
     [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]

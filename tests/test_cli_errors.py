@@ -150,7 +150,8 @@ def two_epochs(tmp_path):
     run = root / "20260102-000000-lenet-beef"
     (run / "checkpoints").mkdir(parents=True)
     (run / "run.json").write_text('{"id": "20260102-000000-lenet-beef", "job": "lenet", "status": "failed", '
-                                  '"attempts": [{"command": ["edgetrain", "run", "lenet", "--np", "2"]}]}\n')
+                                  '"attempts": [{"command": ["edgetrain", "run", "lenet", "--np", "2"], "np": 2, '
+                                  '"started": "2026-01-02T00:00:00Z", "mpirun": ["mpirun", "-n", "2"]}]}\n')
     for epoch in (1, 2):
         checkpoints.write(run / "checkpoints", epoch, "lenet", {"ranks": 2, "val_accuracy": 0.9},
                           lambda d: (d / "state.index").write_bytes(b"w"), extra={"options": {"batch_size": 64}})

@@ -40,7 +40,7 @@ def test_arguments_pass_through_intact_and_outputs_come_home(tmp_path):
     assert json.loads((run.path / "work" / "args.json").read_text()) == args
     assert f"rank 0 of 2 in {run.path.resolve() / 'work'}" in r.stdout  # rank 0's own output reaches the console
     assert "rank 1 of 2 in" in run.log(1).read_text() and f"{run.path.resolve()}/ranks/1/work" in run.log(1).read_text()
-    assert run.info()["kind"] == "script" and run.info()["program"]["args"] == args
+    assert run.record().kind == "script" and run.record().program.args == args
 
     show = edgetrain("runs", "show", run.id, "--runs-dir", str(root), env={"COLUMNS": "200"})
     assert show.returncode == 0, show.stderr
@@ -103,7 +103,7 @@ def test_multiworker_example_runs_with_tf_config_written_per_worker(tmp_path):
     assert r.returncode == 0, r.stderr
     run = only_run(root)
     assert (run.path / "work" / "keras-model" / "saved_model.pb").is_file()
-    assert run.info()["placement"]["strategy"] == "tf-multiworker"
+    assert run.record().placement.strategy == "tf-multiworker"
     assert "horovod" not in run.log(1).read_text().lower()
 
 
@@ -118,7 +118,7 @@ def test_a_script_that_raises_on_one_rank_is_named(tmp_path):
     assert "  | ValueError: bad batch on rank 1" in r.stderr  # the end of that rank's log
     record = json.loads((run.path / "rank.1.failure.json").read_text())
     assert record["rank"] == 1 and record["error"] == "ValueError: bad batch on rank 1" and "Traceback" in record["traceback"]
-    assert run.info()["status"] == "failed"
+    assert run.record().status == "failed"
 
 
 def test_a_script_that_never_calls_hvd_init_is_refused_after_the_fact(tmp_path):
@@ -181,7 +181,7 @@ def test_requirements_beside_the_script_are_installed_on_the_host_runtime(tmp_pa
     r = edgetrain("run", str(SCRIPTS / "with_requirements" / "train.py"), "--runs-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "installing 1 requirement(s)" in r.stdout.replace("\n", " ") and "tabulate 0.9.0" in r.stdout
-    assert only_run(tmp_path).info()["program"]["requirements"] == ["tabulate==0.9.0"]
+    assert only_run(tmp_path).record().program.requirements == ["tabulate==0.9.0"]
 
 
 def test_a_requirement_that_cannot_be_resolved_is_named(tmp_path):
@@ -233,7 +233,7 @@ def test_a_finished_event_never_turns_a_failed_program_into_a_completed_run(tmp_
     script.write_text(HOSTILE_EVENTS[case])
     r = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(tmp_path / "runs"), timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert only_run(tmp_path / "runs").info()["status"] == "failed"
+    assert only_run(tmp_path / "runs").record().status == "failed"
     assert "completed" not in r.stdout and "the program exited with status 1" in r.stderr
 
 
@@ -247,4 +247,4 @@ def test_a_malformed_event_is_the_programs_text_not_a_crash(tmp_path):
     assert "Traceback" not in r.stdout + r.stderr
     shown = r.stdout.splitlines()
     assert "@edgetrain []" in shown and any(line.endswith(' {"event": "epoch"}') for line in shown), r.stdout
-    assert only_run(tmp_path / "runs").info()["status"] == "completed"
+    assert only_run(tmp_path / "runs").record().status == "completed"

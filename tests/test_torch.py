@@ -42,7 +42,7 @@ def test_a_torchrun_script_runs_unchanged_with_what_torchrun_gives_each_worker(t
     r = edgetrain("run", str(EXAMPLES / "torchrun_minimal" / "train.py"), *TORCH, "--runs-dir", str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     run = only_run(tmp_path)
-    assert run.info()["placement"]["strategy"] == "torch" and run.info()["status"] == "completed"
+    assert run.record().placement.strategy == "torch" and run.record().status == "completed"
     seen = {}
     for line in logs(run).splitlines():
         found = re.match(r"rank (\d)/2: allreduce (\[.*?\]), (\d+) threads, env (\{.*\})$", line)
@@ -66,7 +66,7 @@ def test_a_seed_style_script_gets_its_rank_and_address_from_placeholders(tmp_pat
     text = logs(run)
     assert "rank 0/2 epoch 1: loss" in text and "rank 1/2 epoch 1: loss" in text
     # The placeholders are recorded as typed; each rank got its own values.
-    assert run.info()["program"]["args"][:2] == ["--dist-url", "{master_url}"]
+    assert run.record().program.args[:2] == ["--dist-url", "{master_url}"]
 
 
 def test_the_ddp_lenet_example_trains_on_mnist_and_rank_0s_weights_come_home(tmp_path):
@@ -94,7 +94,7 @@ def test_a_failing_torch_script_is_named(tmp_path, script, last):
     assert r.returncode == 1, r.stdout[-2000:]
     line = r.stderr.strip().splitlines()[-1]
     assert last.format(host=socket.gethostname()) in line, r.stderr[-3000:]
-    assert only_run(tmp_path).info()["status"] == "failed"
+    assert only_run(tmp_path).record().status == "failed"
 
 
 def test_a_missing_module_is_named_without_a_resume_it_cannot_fix(tmp_path):
@@ -175,7 +175,7 @@ def test_ctrl_c_ends_every_torch_rank_and_the_run_can_continue(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     run = only_run(tmp_path)
-    assert run.info()["status"] == "interrupted" and f"--resume {run.id}" in err.strip().splitlines()[-1]
+    assert run.record().status == "interrupted" and f"--resume {run.id}" in err.strip().splitlines()[-1]
     left = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(tmp_path))]
     assert left == [], left
 
@@ -205,4 +205,4 @@ def test_the_torch_extras_record_epochs_checkpoint_and_resume(tmp_path):
     text = logs(run)
     # Both ranks start from rank 0's checkpoint of epoch 2, the other node's rank included.
     assert f"rank 0 starts at epoch 2 with bias {ended}" in text and f"rank 1 starts at epoch 2 with bias {ended}" in text
-    assert [m["epoch"] for m in run.metrics()] == [1, 2, 3] and run.info()["attempts"][-1]["resumed_from_epoch"] == 2
+    assert [m["epoch"] for m in run.metrics()] == [1, 2, 3] and run.record().attempts[-1].resumed_from_epoch == 2

@@ -57,10 +57,10 @@ def test_loss_falls_and_progress_is_reported(trained):
     assert "epoch 2/2: loss" in result.stdout and f"run {run.id} completed" in result.stdout
     # rank 0 wrote TensorBoard's event files (`tensorboard --logdir runs/`), the other rank none
     assert list((run.path / "tensorboard").rglob("events.out.tfevents.*"))
-    info = run.info()
-    assert info["status"] == "completed" and info["placement"]["np"] == 2
-    assert info["versions"]["mpich"] == "4.0.2"
-    assert info["versions"]["tensorflow"].startswith("2.15.") and info["versions"]["horovod"] == "0.28.1"
+    rec = run.record()
+    assert rec.status == "completed" and rec.placement.np == 2
+    assert rec.versions["mpich"] == "4.0.2"
+    assert rec.versions["tensorflow"].startswith("2.15.") and rec.versions["horovod"] == "0.28.1"
 
 
 def test_ranks_leave_no_temp_files(trained, scratch):
@@ -110,8 +110,8 @@ def test_resume_continues_from_the_saved_epoch(trained):
     assert int(epoch) == 2 and restored == before
     assert [m["epoch"] for m in run.metrics()] == [1, 2, 3]
     assert checkpoints.latest(run.checkpoints).epoch == 3
-    attempts = run.info()["attempts"]
-    assert [a["resumed_from_epoch"] for a in attempts] == [None, 2]
+    attempts = run.record().attempts
+    assert [a.resumed_from_epoch for a in attempts] == [None, 2]
     digests = final_digests(run)
     assert digests[0][-1] == digests[1][-1] != before
 
@@ -123,7 +123,7 @@ def test_fashion_job_trains(tmp_path):
     [run] = runs.all_runs(tmp_path)
     ckpt = checkpoints.latest(run.checkpoints)
     assert ckpt.job == "fashion" and ckpt.manifest["options"]["width"] == 8
-    assert list(run.info()["dataset"]) == ["fashion-mnist"]
+    assert list(run.record().dataset) == ["fashion-mnist"]
     # BatchNorm statistics are averaged over ranks, so the whole model matches, not only the weights.
     digests = final_digests(run)
     assert digests[0] == digests[1] and len(digests[0]) == 1
@@ -255,7 +255,7 @@ def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"edgetrain: error: run {run.id}: rank 1 on ") and f"process {pid} ended abnormally" in last
     assert f"--resume {run.id}" in last
-    assert run.info()["status"] == "failed"
+    assert run.record().status == "failed"
 
 
 def test_ctrl_c_stops_every_rank(tmp_path):
@@ -269,7 +269,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
         f"edgetrain: error: run {run.id} interrupted - continue it with: "
         f"edgetrain run lenet --np 2 --epochs 20 --runs-dir {tmp_path} --resume {run.id}"
     )
-    assert run.info()["status"] == "interrupted"
+    assert run.record().status == "interrupted"
     deadline = time.time() + 10
     while any(alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.2)
@@ -305,4 +305,4 @@ def test_a_live_run_cannot_be_resumed_twice_and_a_killed_controller_takes_its_ra
     resumed = edgetrain("run", "lenet", "--np", "2", "--epochs", str(done + 1), "--max-steps", "5", "--resume", run.id,
                         "--runs-dir", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
-    assert run.info()["status"] == "completed" and checkpoints.latest(run.checkpoints).epoch == done + 1
+    assert run.record().status == "completed" and checkpoints.latest(run.checkpoints).epoch == done + 1

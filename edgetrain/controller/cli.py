@@ -171,9 +171,9 @@ def collect(
 ) -> None:
     """Copy a run's checkpoints, metrics and logs to DEST (from its rank-0 node for container runs), verifying every checkpoint file."""
     run = runs.find(runs_dir, run_id)
-    where = run.info().get("placement", {})
-    if where.get("runtime") == "docker":
-        inv = inventories.load(inventory or Path(where["inventory"]))
+    where = run.record().placement
+    if where is not None and where.runtime == "docker":
+        inv = inventories.load(inventory or Path(where.inventory))
         result = collecting.collect_remote(run, inv, dest)
     else:
         result = collecting.collect_local(run, dest)
@@ -267,23 +267,22 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
               as_json: JsonOpt = False) -> None:
     """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
     r = runs.find(runs_dir, run_id)
-    info = r.info()
+    rec = r.record()
     if as_json:
-        print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": info,
+        print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": rec.to_json(),
                           "metrics": r.metrics(), "evaluations": r.evaluations(), "outputs": collecting.outputs_of(r)},
                          indent=1, default=str))
         return
-    where = info.get("placement", {})
-    console.print(f"[bold]{r.id}[/]  {info.get('kind', 'job')} {info.get('job')}  status {r.status().value}  ({r.path})", highlight=False)
+    where = rec.placement
+    console.print(f"[bold]{r.id}[/]  {rec.kind.value} {rec.job}  status {r.status().value}  ({r.path})", highlight=False)
     if r.status() is runs.Status.ABANDONED:
         console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
-                      f"{launch.command_of(r, str(info.get('job')))}", markup=False, highlight=False)
-    program = info.get("program", {})
-    if program:
-        console.print(f"program: {program.get('script', info.get('job'))} {shlex.join(program.get('args', []))}", markup=False, highlight=False)
-    console.print(f"placement: {where.get('np')} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.get("hosts", []))
-                  + f" ({where.get('runtime')} runtime, {where.get('strategy', 'horovod')})", highlight=False)
-    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()), highlight=False)
+                      f"{launch.command_of(r, rec.job)}", markup=False, highlight=False)
+    console.print(f"program: {rec.program.script or rec.job} {shlex.join(rec.program.args)}", markup=False, highlight=False)
+    if where is not None:
+        console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
+                      + f" ({where.runtime} runtime, {where.strategy})", highlight=False)
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()), highlight=False)
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]
@@ -296,7 +295,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         console.print(target, markup=False, highlight=False)
     outputs = collecting.outputs_of(r)
     if outputs:
-        home = "" if where.get("runtime") != "docker" else f" (on {where['hosts'][0]['host']} until: edgetrain collect {r.id} --dest DIR)"
+        home = "" if where is None or where.runtime != "docker" else f" (on {where.hosts[0]['host']} until: edgetrain collect {r.id} --dest DIR)"
         console.print(f"outputs of rank 0{home}:", highlight=False)
         for rel, digest in outputs.items():
             console.print(f"  {rel}  sha256 {digest[:16]}", markup=False, highlight=False)

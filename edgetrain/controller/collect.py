@@ -118,9 +118,11 @@ def collect_local(run: runs.Run, dest_root: Path) -> Collected:
 
 def collect_remote(run: runs.Run, inv: Inventory, dest_root: Path) -> Collected:
     """Fetch a container run from its rank-0 node over ssh, then gather it like a local one."""
-    where = run.info().get("placement", {})
-    head_name = where["hosts"][0]["host"]
-    node_dir = where.get("nodes", {}).get(head_name, {}).get("runs_dir")
+    where = run.record().placement
+    if where is None or not where.hosts:
+        raise EdgetrainError(f"run {run.id} records no placement")
+    head_name = where.hosts[0]["host"]
+    node_dir = (where.nodes or {}).get(head_name, {}).get("runs_dir")
     if node_dir is None:
         raise EdgetrainError(f"run {run.id} records no run directory on {head_name}")
     head = inv.host(head_name)

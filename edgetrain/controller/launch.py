@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edgetrain import __version__
 from edgetrain.controller import blame, inventory, placement, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, progress, runs, workdir
+from edgetrain.shared import checkpoints, failures, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
@@ -184,8 +184,7 @@ def _with_resume(command: list[str], run_id: str) -> str:
 
 def command_of(run: runs.Run, job: str) -> str:
     """The command that continues ``run``: the one that started it, with ``--resume``."""
-    attempts = run.info().get("attempts") or [{}]
-    return _with_resume(attempts[0].get("command") or ["edgetrain", "run", job], run.id)
+    return _with_resume(run.record().command or ["edgetrain", "run", job], run.id)
 
 
 def prepare(req: RunRequest) -> Launch:
@@ -212,7 +211,7 @@ def prepare(req: RunRequest) -> Launch:
         resumed_epoch = None
         if req.resume:
             run = runs.find(root, req.resume)
-            ran = run.info().get("job")
+            ran = run.record().job
             if ran != program.name:
                 raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
             resumed_epoch = _resume_point(rt, run, program, req.np, req.log)
@@ -233,7 +232,7 @@ def prepare(req: RunRequest) -> Launch:
         try:
             rt.start(run)
         except EdgetrainError as exc:
-            run.update_info(status=Status.FAILED.value, error=str(exc))
+            run.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
         launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, token, started)
         _record(launch, inv)
@@ -254,38 +253,32 @@ def prepare(req: RunRequest) -> Launch:
 
 
 def _record(launch: Launch, inv: inventory.Inventory) -> None:
-    req, run, rt = launch.request, launch.run, launch.runtime
-    attempt = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": req.command,
-        "np": req.np,
-        "resumed_from_epoch": launch.resumed_epoch,
-        "mpirun": launch.argv,
-        "shipped": [s.__dict__ for s in rt.shipped],
-    }
-    previous = run.info() if req.resume else {}
-    where = {"np": req.np, "oversubscribed": launch.placement.oversubscribed, "inventory": str(inv.source),
-             "runtime": rt.name, "strategy": req.strategy, "hosts": launch.placement.describe()}
+    req, run, rt, program = launch.request, launch.run, launch.runtime, launch.program
+    attempt = record.Attempt(started=record.now(), command=req.command, np=req.np, mpirun=launch.argv,
+                             resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped])
+    previous = run.record().attempts if req.resume else []
     recorded = rt.record(run)
-    if "nodes" in recorded:
-        where["nodes"] = recorded.pop("nodes")
-    program = {"args": list(launch.program.args)}
-    if launch.program.is_script:
-        program.update(script=launch.program.script, workdir=str(launch.program.workdir))
-    if launch.program.requirements is not None:
-        program["requirements"] = requirements.read(launch.program.requirements)
-    run.update_info(
-        id=run.id,
-        job=launch.program.name,
-        kind="script" if launch.program.is_script else "job",
-        program=program,
+    where = record.Where(np=req.np, runtime=rt.name, strategy=req.strategy, inventory=str(inv.source),
+                         hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,
+                         nodes=recorded.get("nodes"))
+    shipped = record.ProgramRecord(args=list(program.args))
+    if program.is_script:
+        shipped.script, shipped.workdir = program.script, str(program.workdir)
+    if program.requirements is not None:
+        shipped.requirements = requirements.read(program.requirements)
+    run.update(
+        job=program.name,
+        kind=record.ProgramKind.SCRIPT if program.is_script else record.ProgramKind.JOB,
+        program=shipped,
         workdir={"files": len(launch.manifest.entries), "bytes": launch.manifest.total_bytes} if launch.manifest else None,
         placement=where,
         versions={"edgetrain": __version__, **rt.versions},
-        attempts=previous.get("attempts", []) + [attempt],
-        status=Status.STARTING.value,
-        **recorded,
+        dataset=recorded.get("dataset", {}),
+        attempts=[*previous, attempt],
+        status=Status.STARTING,
     )
+
+
 FAILED_GRACE = 30.0
 
 
@@ -393,7 +386,7 @@ class _Seen:
 
 def _mark_running(launch: Launch) -> None:
     try:
-        launch.run.update_info(status=Status.RUNNING.value)
+        launch.run.update(status=Status.RUNNING)
     except EdgetrainError as exc:
         # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
         launch.runtime.stop()
@@ -430,7 +423,7 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
         watch.rank_failed = watch.rank_failed or time.monotonic()
     elif kind == "start" and seen.record_error is None:
         try:
-            launch.run.update_info(versions={**launch.run.info().get("versions", {}), **event.get("versions", {})})
+            launch.run.update(versions={**launch.run.record().versions, **event.get("versions", {})})
         except EdgetrainError as exc:
             # This machine's disk is full: a run it cannot record is ended now, cleanly.
             seen.record_error = exc
@@ -483,11 +476,10 @@ def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, 
         proc.wait()
     cleanup = launch.runtime.finish(launch.run)
     try:
-        attempts = launch.run.info().get("attempts", [])
+        attempts = launch.run.record().attempts
         if attempts:
-            attempts[-1]["first_step_s"] = round(seen.first_step, 1) if seen.first_step is not None else None
-        launch.run.update_info(status=state.value, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                               returncode=proc.returncode, attempts=attempts)
+            attempts[-1].first_step_s = round(seen.first_step, 1) if seen.first_step is not None else None
+        launch.run.update(status=state, ended=record.now(), returncode=proc.returncode, attempts=attempts)
     except EdgetrainError as exc:
         seen.record_error = seen.record_error or exc
     finally:

@@ -1,35 +1,90 @@
-"""A container's lease: ``python -m edgetrain.rank.lease FILE SECONDS``, started in every container.
+"""A container's lease: ``python -m edgetrain.rank.lease FILE SECONDS -- COMMAND...``, the
+container's command (under Docker's ``--init``), which runs COMMAND (the container's sshd) for as
+long as the lease holds.
 
-The controller touches FILE (in the node's run directory) every few seconds while it runs. When
-nobody has for SECONDS - the controller was killed, lost power, or lost the link to this node -
-this ends the container's sshd (its PID 1), and with it the container and every rank in it
-(containers run with --rm, so nothing is left). The node needs nobody to come back and clean up.
+The controller renews FILE every few seconds while it runs (edgetrain.controller.containers); the
+ranks see it through a read-only mount, so none of them can renew it. When it has not changed for
+SECONDS - the controller was killed, lost power, or lost the link to this node - COMMAND is ended,
+and with it the container and every rank in it (containers run with --rm, so nothing is left). The
+node needs nobody to come back and clean up.
+
+It fails closed: a FILE missing at the start (the controller died before it was made) or gone
+later, and any error of the watcher itself, end COMMAND just the same. Time is measured on this
+node's monotonic clock, from the moment the watcher saw FILE change: a Pi without a real-time clock
+steps its wall clock at NTP sync, and a lease read as ``now - mtime`` would then run out at once or
+never.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
+GRACE_S = 10.0  # COMMAND's time to end on SIGTERM before SIGKILL
 
-def age(path: str) -> float:
+
+def stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when the controller renews the lease (its touch), or None once FILE is gone."""
     try:
-        return time.time() - os.stat(path).st_mtime
+        st = os.stat(path)
     except FileNotFoundError:
-        return float("inf")
+        return None
+    return st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
-def main(argv: list[str] | None = None) -> None:
-    path, timeout = (argv or sys.argv[1:])[:2]
-    limit = float(timeout)
-    while age(path) <= limit:
-        time.sleep(min(5.0, limit / 4))
-    print(f"edgetrain: lease {path} not renewed for {limit:.0f} s: the controller is gone; stopping this container",
-          file=sys.stderr, flush=True)
-    os.kill(1, signal.SIGTERM)
+def watch(path: str, limit: float, child: subprocess.Popen, poll: float) -> str:
+    """Wait while the lease holds and COMMAND runs; returns why the wait ended."""
+    seen, renewed = stamp(path), time.monotonic()
+    while child.poll() is None:
+        now = stamp(path)
+        if now is None:
+            return f"lease {path} is gone"
+        if now != seen:
+            seen, renewed = now, time.monotonic()
+        elif time.monotonic() - renewed > limit:
+            return f"lease {path} not renewed for {limit:.0f} s: the controller is gone"
+        time.sleep(poll)
+    return f"{child.args[0]} ended with status {child.returncode}"
+
+
+def end(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 4 or args[2] != "--":
+        print("usage: python -m edgetrain.rank.lease FILE SECONDS -- COMMAND...", file=sys.stderr)
+        return 2
+    path, limit, command = args[0], float(args[1]), args[3:]
+    if stamp(path) is None:
+        print(f"edgetrain: lease {path} does not exist: not starting {command[0]}", file=sys.stderr, flush=True)
+        return 1
+    # Docker stops a container with SIGTERM to its command: COMMAND gets it through end().
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    child = subprocess.Popen(command)
+    try:
+        why = watch(path, limit, child, poll=min(5.0, limit / 4))
+    except SystemExit:
+        why = "asked to stop"
+        raise
+    except BaseException as exc:
+        why = f"the lease watcher failed ({type(exc).__name__}: {exc})"
+        raise
+    finally:
+        print(f"edgetrain: {why}; stopping this container", file=sys.stderr, flush=True)
+        end(child)
+    return 1 if child.returncode != 0 else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

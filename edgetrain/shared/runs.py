@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import json
 import os
@@ -10,11 +9,12 @@ import re
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgetrain.shared import checkpoints
 from edgetrain.shared.errors import EdgetrainError, UsageError
+from edgetrain.shared.record import RunRecord, Status
 
 
 SCHEMA = 1  # of what ``runs list --json`` and ``runs show --json`` print
@@ -23,21 +23,6 @@ OUTPUTS = "outputs.json"
 # In a container: uid:gid of the node's login user, whom the ranks run as so that the node's run
 # directory stays that user's (written by the controller, read by the worker).
 RUN_AS = "/etc/edgetrain/user"
-
-
-class Status(str, enum.Enum):
-    """A run's status. Recorded in run.json: STARTING (checks passed, containers starting) ->
-    RUNNING (mpirun started) -> COMPLETED, FAILED or INTERRUPTED; a resume starts again at
-    STARTING. Read, never recorded: ABANDONED (STARTING or RUNNING, but no command holds the run:
-    its edgetrain was killed or lost power) and DAMAGED (run.json unreadable)."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
-    ABANDONED = "abandoned"
-    DAMAGED = "damaged"
 
 
 def default_root() -> Path:
@@ -72,19 +57,23 @@ class Run:
     def log(self, rank: int) -> Path:
         return self.path / f"rank.{rank}.log"
 
-    def info(self) -> dict:
+    def record(self) -> RunRecord:
         try:
-            return json.loads(self.info_file.read_text())
+            data = json.loads(self.info_file.read_text())
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
+        return RunRecord.from_json(data, self.id)
 
-    def update_info(self, **fields) -> dict:
-        """Rewrite run.json with ``fields`` changed, atomically: a reader (or a crash, or a full
-        disk) sees the old file or the new one, never a part. A write that fails (a full disk)
-        is one EdgetrainError naming the file; the old run.json is left as it was."""
-        info = self.info() if self.info_file.exists() else {}
-        info.update(fields)
-        data = (json.dumps(info, indent=2, sort_keys=True, default=str) + "\n").encode()
+    def update(self, **changes) -> RunRecord:
+        """Rewrite run.json with ``changes`` made to its record (a first record needs ``job`` and
+        ``status``), atomically: a reader (or a crash, or a full disk) sees the old file or the new
+        one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
+        the old run.json is left as it was."""
+        if self.info_file.exists():
+            record = replace(self.record(), **changes)
+        else:
+            record = RunRecord(**{"id": self.id, **changes})
+        data = (json.dumps(record.to_json(), indent=2, sort_keys=True, default=str) + "\n").encode()
         tmp = self.info_file.with_suffix(".json.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -100,7 +89,7 @@ class Run:
             tmp.unlink(missing_ok=True)
             raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
                                  f"free disk space on this machine ({self.path.parent})") from None
-        return info
+        return record
 
     def metrics(self) -> list[dict]:
         """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
@@ -179,10 +168,10 @@ class Run:
 
     def status(self) -> Status:
         """The recorded status, except that a run nobody holds is not still going (ABANDONED), and
-        a status this version does not know is DAMAGED."""
+        a record this version cannot read is DAMAGED."""
         try:
-            status = Status(self.info().get("status"))
-        except ValueError:
+            status = self.record().status
+        except EdgetrainError:
             return Status.DAMAGED
         if status in (Status.STARTING, Status.RUNNING) and not self.live():
             return Status.ABANDONED
@@ -277,10 +266,10 @@ def summarize(run: Run) -> Summary:
     """A run's line in ``runs list``; whatever part of it is damaged is named, never fatal."""
     problems = []
     try:
-        info = run.info()
+        job = run.record().job
         status = run.status()
     except EdgetrainError as exc:
-        info, status = {}, Status.DAMAGED
+        job, status = "?", Status.DAMAGED
         problems.append(str(exc))
     metrics = run.metrics()
     problems += [f"run {run.id}: metrics.jsonl line {n} is damaged (left out)" for n in run.damaged_metrics()]
@@ -294,7 +283,7 @@ def summarize(run: Run) -> Summary:
             problems.append(f"run {run.id}: {ckpt_dir.name}/{checkpoints.MANIFEST} is damaged")
     return Summary(
         id=run.id,
-        job=info.get("job", "?"),
+        job=job,
         status=status,
         epochs=len({m["epoch"] for m in metrics}),
         val_accuracy=last.get("val_accuracy"),

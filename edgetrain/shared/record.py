@@ -1,0 +1,133 @@
+"""What run.json holds: a run's record and its attempts, typed, with a schema version.
+
+The controller writes it (edgetrain.controller.launch) and reads it (resume, ``runs``, ``collect``);
+``runs show --json`` prints it as it is. A record of an older schema is read with defaults for what
+it lacks; one of a newer schema than this edgetrain knows is refused, naming both versions.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from edgetrain.shared.errors import EdgetrainError
+
+# 1: the first versioned record (before it, the same fields without "schema").
+SCHEMA = 1
+
+
+class Status(str, enum.Enum):
+    """A run's status. Recorded in run.json: STARTING (checks passed, containers starting) ->
+    RUNNING (mpirun started) -> COMPLETED, FAILED or INTERRUPTED; a resume starts again at
+    STARTING. Read, never recorded: ABANDONED (STARTING or RUNNING, but no command holds the run:
+    its edgetrain was killed or lost power) and DAMAGED (run.json unreadable)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+    DAMAGED = "damaged"
+
+
+class ProgramKind(str, enum.Enum):
+    JOB = "job"  # a built-in job (lenet, fashion)
+    SCRIPT = "script"  # the user's own script or module
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class Attempt:
+    """One start of the run: the first, then one per resume."""
+
+    started: str
+    command: list[str]
+    np: int
+    mpirun: list[str]
+    resumed_from_epoch: int | None = None
+    shipped: list[dict] = field(default_factory=list)  # per node: what the working directory cost to send
+    first_step_s: float | None = None  # seconds from the launch to the first training step
+
+
+@dataclass
+class ProgramRecord:
+    args: list[str] = field(default_factory=list)
+    script: str | None = None
+    workdir: str | None = None
+    requirements: list[str] | None = None
+
+
+@dataclass
+class Where:
+    """Where the latest attempt ran."""
+
+    np: int
+    runtime: str
+    strategy: str
+    inventory: str
+    hosts: list[dict]  # {"host", "ranks"} in rank order
+    oversubscribed: bool = False
+    nodes: dict[str, dict] | None = None  # docker runtime: per node its runs directory and image
+
+
+@dataclass
+class RunRecord:
+    id: str
+    job: str
+    status: Status
+    kind: ProgramKind = ProgramKind.JOB
+    program: ProgramRecord = field(default_factory=ProgramRecord)
+    placement: Where | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    dataset: dict[str, dict] = field(default_factory=dict)
+    workdir: dict | None = None  # {"files", "bytes"} shipped, for a script with a working directory
+    ended: str | None = None
+    returncode: int | None = None
+    error: str | None = None
+    schema: int = SCHEMA
+
+    @property
+    def command(self) -> list[str] | None:
+        """The command that started the run (its first attempt's)."""
+        return self.attempts[0].command if self.attempts else None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self, dict_factory=_plain)
+
+    @classmethod
+    def from_json(cls, data: Any, run_id: str) -> RunRecord:
+        if not isinstance(data, dict):
+            raise EdgetrainError(f"run {run_id}'s run.json is not a record")
+        schema = data.get("schema", 0)
+        if not isinstance(schema, int) or schema > SCHEMA:
+            raise EdgetrainError(f"run {run_id}'s run.json has schema {schema}, this edgetrain reads up to {SCHEMA}",
+                                 "read it with the edgetrain that wrote it, or a newer one")
+        try:
+            known = _known(cls, data)
+            known["status"] = Status(known["status"])
+            known["kind"] = ProgramKind(known.get("kind", ProgramKind.JOB))
+            known["program"] = ProgramRecord(**_known(ProgramRecord, known.get("program") or {}))
+            if known.get("placement") is not None:
+                known["placement"] = Where(**_known(Where, known["placement"]))
+            known["attempts"] = [Attempt(**_known(Attempt, a)) for a in known.get("attempts") or []]
+            known["schema"] = SCHEMA
+            return cls(**known)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EdgetrainError(f"run {run_id}'s run.json is damaged ({type(exc).__name__}: {exc})") from None
+
+
+def _known(cls, data: dict) -> dict:
+    """The fields of ``cls`` in ``data``: what a later schema added is not this version's to read."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def _plain(items: list[tuple[str, Any]]) -> dict:
+    return {k: v.value if isinstance(v, enum.Enum) else v for k, v in items}

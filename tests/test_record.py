@@ -1,0 +1,63 @@
+"""run.json as a typed record: written and read back whole, an older record read with defaults, a
+newer or damaged one refused in one line (and listed as damaged, not a crash)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgetrain.shared import record, runs
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.record import Attempt, ProgramKind, RunRecord, Status, Where
+
+# A run.json as edgetrain wrote it before the record had a schema version (abridged from a real run).
+UNVERSIONED = {
+    "id": "20261120-101500-lenet-ab12", "job": "lenet", "kind": "job", "status": "completed",
+    "program": {"args": []}, "workdir": None, "returncode": 0, "ended": "2026-11-20T10:16:00Z",
+    "placement": {"np": 2, "oversubscribed": False, "inventory": "embedded", "runtime": "host",
+                  "strategy": "horovod", "hosts": [{"host": "vm", "ranks": 2}]},
+    "versions": {"edgetrain": "0.1.0", "mpich": "4.0.2"},
+    "dataset": {"mnist": {"format": "npz", "files": {}}},
+    "attempts": [{"started": "2026-11-20T10:15:00Z", "command": ["edgetrain", "run", "lenet"], "np": 2,
+                  "resumed_from_epoch": None, "mpirun": ["mpirun", "-n", "2"], "shipped": [], "first_step_s": 4.2}],
+}
+
+
+def test_a_record_is_written_and_read_back_whole(tmp_path):
+    run = runs.create(tmp_path, "lenet")
+    attempt = Attempt(started=record.now(), command=["edgetrain", "run", "x.py"], np=3, mpirun=["mpirun"], resumed_from_epoch=2)
+    run.update(job="x", status=Status.STARTING, kind=ProgramKind.SCRIPT, attempts=[attempt],
+               placement=Where(np=3, runtime="docker", strategy="torch", inventory="inv", hosts=[{"host": "n1", "ranks": 3}]))
+    run.update(status=Status.FAILED, error="rank 1 on n1 failed")
+    back = run.record()
+    assert back == RunRecord(id=run.id, job="x", status=Status.FAILED, kind=ProgramKind.SCRIPT, attempts=[attempt],
+                             placement=Where(np=3, runtime="docker", strategy="torch", inventory="inv", hosts=[{"host": "n1", "ranks": 3}]),
+                             error="rank 1 on n1 failed")
+    on_disk = json.loads(run.info_file.read_text())
+    assert on_disk["schema"] == record.SCHEMA and on_disk["status"] == "failed" and on_disk["kind"] == "script"
+
+
+def test_a_record_from_before_the_schema_is_read_with_its_fields(tmp_path):
+    run = runs.create(tmp_path, "lenet")
+    run.info_file.write_text(json.dumps({**UNVERSIONED, "a_field_of_a_later_edgetrain": 1}))
+    rec = run.record()
+    assert rec.status is Status.COMPLETED and rec.placement.hosts == [{"host": "vm", "ranks": 2}]
+    assert rec.attempts[0].first_step_s == 4.2 and rec.command == ["edgetrain", "run", "lenet"]
+    assert runs.summarize(run).job == "lenet"
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"schema": record.SCHEMA + 1}, f"has schema {record.SCHEMA + 1}, this edgetrain reads up to {record.SCHEMA}"),
+    ({"status": "paused"}, "run.json is damaged (ValueError"),
+    ({"attempts": [{"np": 2}]}, "run.json is damaged (TypeError"),
+])
+def test_a_record_this_version_cannot_read_is_one_line_and_listed_as_damaged(tmp_path, change, said):
+    run = runs.create(tmp_path, "lenet")
+    run.info_file.write_text(json.dumps({**UNVERSIONED, **change}))
+    with pytest.raises(EdgetrainError) as exc:
+        run.record()
+    assert said in str(exc.value) and "\n" not in str(exc.value)
+    assert run.status() is Status.DAMAGED
+    summary = runs.summarize(run)
+    assert summary.status is Status.DAMAGED and said in summary.problems[0]
