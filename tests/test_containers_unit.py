@@ -34,7 +34,7 @@ def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
     assert "--network" in cpu and cpu[cpu.index("--network") + 1] == "host"
     assert "/home/pi/edgetrain/runs/r1:/edgetrain/run" in cpu
     assert "/srv/edgetrain/datasets:/edgetrain/data:ro" in cpu
-    assert "/home/pi/edgetrain/runs/.store:/edgetrain/store:ro" in cpu
+    assert "/home/pi/edgetrain/runs/.views/r1:/edgetrain/store:ro" in cpu  # the run's own files, not the store
     assert f"{containers.LABEL}=r1" in cpu and "--gpus" not in cpu
     gpu = containers.docker_run_argv(host("gpu1", groups=("gpu",)), "edgetrain-r1", "r1", "/x", "edgetrain:0.1.0-cuda", None)
     assert gpu[gpu.index("--gpus") + 1] == "all"

@@ -67,7 +67,8 @@ def test_ship_sends_only_what_the_store_lacks_and_the_copy_is_exact(project, tmp
     assert (changed.files, changed.bytes) == (1, len("X = 2\n"))
     dest = tmp_path / "work"
     workdir.materialize(workdir.scan(project), store, dest)
-    assert (dest / "lib/model.py").read_text() == "X = 2\n" and os.stat(dest / "train.py").st_mode & 0o777 == 0o755
+    # The working copy keeps only the owner's bits: the login user's alone.
+    assert (dest / "lib/model.py").read_text() == "X = 2\n" and os.stat(dest / "train.py").st_mode & 0o777 == 0o700
 
 
 def test_a_file_damaged_on_the_way_never_enters_the_store(project, tmp_path):

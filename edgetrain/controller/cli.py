@@ -17,7 +17,7 @@ from rich.table import Column, Table
 
 from edgetrain.controller import bench as benching
 from edgetrain.controller import collect as collecting
-from edgetrain.controller import containers
+from edgetrain.controller import containers, shipping
 from edgetrain.shared import datasets, runs
 from edgetrain.controller import launch
 from edgetrain.controller import program as programs
@@ -62,6 +62,7 @@ def run(
     master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+    ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
@@ -74,7 +75,7 @@ def run(
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, master_port=master_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2),
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets,
                             log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -89,6 +90,8 @@ def run(
         err_console.print(f"edgetrain: warning: {advice}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"run {started.run.id}: logs and outputs in {started.run.path}")
     if started.manifest is not None:
+        if started.manifest.withheld_note:
+            console.print(started.manifest.withheld_note, markup=False, highlight=False, soft_wrap=True)
         for shipped in started.runtime.shipped:
             console.print(f"{shipped.host}: working directory {len(started.manifest.entries)} files, "
                           f"{shipped.files} shipped ({shipped.bytes / 1024:,.0f} KiB) in {shipped.seconds:.1f} s")
@@ -222,7 +225,8 @@ def doctor(
 
 @app.command()
 def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The cluster whose nodes to clean.")],
-          runs_dir: RunsDirOpt = Path("runs")) -> None:
+          runs_dir: RunsDirOpt = Path("runs"),
+          store: Annotated[bool, typer.Option("--store", help="Also prune each node's file store: the shipped files no going run uses.")] = False) -> None:
     """Remove edgetrain containers left on the nodes (a controller that died, a node that came back); a live run's are kept."""
     def live(run_id: str) -> bool:
         try:
@@ -236,6 +240,12 @@ def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The
     for c in found:
         console.print(f"{c.host}: {c.container} ({c.detail})", markup=False, highlight=False)
     console.print(f"{sum(c.removed for c in found)} container(s) removed, {sum(not c.removed for c in found)} kept")
+    if store:
+        with Nodes() as nodes:
+            pruned = shipping.prune_stores(nodes, inv.hosts, str(runs_dir.resolve()), {r.id for r in runs.all_runs(runs_dir) if r.live()})
+        for p in pruned:
+            console.print(f"{p.host}: file store: {p.files} file(s) removed ({p.bytes / 1024**2:,.1f} MiB), "
+                          f"{p.views} finished run(s) forgotten", markup=False, highlight=False)
     if any(not c.removed and c.detail != "its run is going" for c in found):
         raise EdgetrainError("some containers could not be removed (see above)")
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgetrain.controller import images
+from edgetrain.controller import images, node_store
 from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
@@ -67,7 +67,20 @@ KEY_LIFETIME = 24 * 3600
 
 def store_dir(node_run_dir: str) -> str:
     """The node's file store (see edgetrain.shared.workdir), beside its run directories."""
-    return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/.store"
+    return f"{posixpath.dirname(node_run_dir.rstrip('/'))}/{node_store.STORE}"
+
+
+def store_view(node_run_dir: str) -> str:
+    """The run's own files of the store (edgetrain.controller.node_store.view): all its ranks see."""
+    head, run_id = posixpath.split(node_run_dir.rstrip("/"))
+    return f"{head}/{node_store.VIEWS}/{run_id}"
+
+
+def private_dirs(*dirs: str) -> str:
+    """A shell command that creates directories only the login user can enter (a run's files are
+    theirs alone, on a node other users log in to)."""
+    quoted = " ".join(shlex.quote(d) for d in dirs)
+    return f"umask 077 && mkdir -p -- {quoted} && chmod 0700 -- {quoted}"
 
 
 def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str, listen: str | None) -> list[str]:
@@ -79,7 +92,7 @@ def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image
         *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
         "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
-        "--volume", f"{store_dir(node_run_dir)}:{STORE_MOUNT}:ro",
+        "--volume", f"{store_view(node_run_dir)}:{STORE_MOUNT}:ro",  # this run's files, not the whole store
     ]
     if host.is_gpu:
         argv += ["--gpus", "all"]
@@ -170,7 +183,7 @@ class Containers:
         d = self.node_run_dirs[host.name]
         try:
             self.listen[host.name] = listen_address(self.nodes, host)
-            ids = self.nodes.check(host, ["sh", "-c", f"mkdir -p {shlex.quote(d)} {shlex.quote(store_dir(d))} && "
+            ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d))} && "
                                           f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")

@@ -48,6 +48,7 @@ class RunRequest:
     resume: str | None = None
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
+    ship_secrets: bool = False  # ship what workdir.SECRETS would leave out
     command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
     log: Callable[[str], None] = print
 
@@ -196,7 +197,7 @@ def prepare(req: RunRequest) -> Launch:
     inv = inventory.load(req.inventory)
     plan = placement.plan(inv, req.np, req.group, req.per_node)
     program.check_ranks(req.np)
-    manifest = workdir.scan(program.workdir, req.max_workdir_bytes) if program.workdir is not None else None
+    manifest = workdir.scan(program.workdir, req.max_workdir_bytes, req.ship_secrets) if program.workdir is not None else None
     if req.resume:
         # Before the node checks, which would take the live run's own containers for leftovers.
         runs.find(runs.ensure_writable(req.runs_dir), req.resume).refuse_if_live()

@@ -126,8 +126,9 @@ class Runtime:
         for h in self.plan.hosts:
             store = containers.store_dir(dirs[h.name])
             self.shipped.append(shipping.ship(self.nodes, h, store, manifest))
+            shipping.give_view(self.nodes, h, store, containers.store_view(dirs[h.name]), manifest)
             target = f"{dirs[h.name]}/{workdir.MANIFEST}"
-            self.nodes.check(h, ["sh", "-c", f"mkdir -p {shlex.quote(dirs[h.name])} && cat > {shlex.quote(target)}"],
+            self.nodes.check(h, ["sh", "-c", f"{containers.private_dirs(dirs[h.name])} && cat > {shlex.quote(target)}"],
                              "writing the working directory's manifest", input=body)
 
     def start(self, run: runs.Run) -> None:
@@ -203,7 +204,7 @@ class HostRuntime(Runtime):
         return {h.name: self.run_dir(run) for h in self.plan.hosts}
 
     def store(self, run: runs.Run) -> str:
-        return containers.store_dir(self.run_dir(run))
+        return containers.store_view(self.run_dir(run))
 
     def data_dir(self, run: runs.Run) -> str:
         return str((run.path / "data").resolve())

@@ -215,7 +215,7 @@ def create(root: Path, job: str) -> Run:
     for _ in range(10):
         path = root / new_id(job)
         try:
-            path.mkdir()
+            path.mkdir(mode=0o700)  # the run's logs and outputs are the user's alone
         except FileExistsError:
             continue
         (path / "checkpoints").mkdir()

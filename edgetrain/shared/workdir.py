@@ -24,8 +24,14 @@ IGNORE_FILES = (".edgetrainignore", ".dockerignore")
 # Never worth shipping, whatever the ignore file says: version control, caches, virtualenvs,
 # and edgetrain's own run directories (a script's folder is often where the user runs from).
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".venv/", "venv/", "runs/", ".ipynb_checkpoints/")
+# Names that look like credentials: left out unless asked for (--ship-secrets, or a ``!`` line in
+# the ignore file), since the nodes and everyone who runs there would hold a copy. A link is judged
+# by the name it points to as well.
+SECRETS = (".env", "*.pem", "id_*", ".netrc")
 DEFAULT_MAX_BYTES = 256 * 1024**2
 MANIFEST = "workdir.json"
+# The working copy is the login user's alone: a shipped file keeps only its owner's bits.
+PRIVATE_BITS = 0o700
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,15 @@ class Manifest:
     root: Path
     entries: tuple[Entry, ...]
     ignore_file: str | None = None
+    withheld: tuple[str, ...] = ()  # left out for looking like secrets (SECRETS)
+
+    @property
+    def withheld_note(self) -> str | None:
+        """What the console says of the files left out, if any."""
+        if not self.withheld:
+            return None
+        return (f"left out of the working directory, as they look like secrets: {', '.join(self.withheld)} "
+                "(ship them with --ship-secrets, or a '!NAME' line in the ignore file)")
 
     @property
     def total_bytes(self) -> int:
@@ -90,13 +105,25 @@ def _ignored(rules: list[tuple[bool, str]], rel: str, is_dir: bool) -> bool:
     return ignored
 
 
-def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
-    """Every file of the folder that ships, hashed; refused before hashing when it is too large."""
+def _secret(rules: list[tuple[bool, str]], rel: str, path: Path) -> bool:
+    """Whether a file shipping so far is held back as a secret: its name, or the name of what it
+    links to, matches SECRETS and no rule of the ignore file asks for it."""
+    names = {rel}
+    if path.is_symlink():
+        names.add(os.path.realpath(path).rsplit("/", 1)[-1])
+    return any(any(_matches(p, n, False) for p in SECRETS) for n in names) and not any(
+        negated and _matches(p, rel, False) for negated, p in rules)
+
+
+def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES, secrets: bool = False) -> Manifest:
+    """Every file of the folder that ships, hashed; refused before hashing when it is too large.
+    Names that look like secrets are left out (``withheld``) unless ``secrets``."""
     root = root.resolve()
     if not root.is_dir():
         raise UsageError(f"working directory {root} is not a directory", "pass --workdir DIR")
     rules, ignore_file = _patterns(root)
     found: list[tuple[str, Path, os.stat_result]] = []
+    withheld: list[str] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
@@ -105,6 +132,9 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
         dirnames[:] = sorted(d for d in dirnames if not _ignored(rules, rel_dir + d, True))
         for name in sorted(filenames):
             rel = rel_dir + name
+            if not secrets and _secret(rules, rel, here / name):
+                withheld.append(rel)
+                continue
             if _ignored(rules, rel, False):
                 continue
             try:
@@ -121,7 +151,7 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Manifest:
                 )
             found.append((rel, here / name, st))
     entries = tuple(Entry(rel, sha256_file(p), st.st_size, stat.S_IMODE(st.st_mode)) for rel, p, st in found)
-    return Manifest(root, entries, ignore_file)
+    return Manifest(root, entries, ignore_file, tuple(withheld))
 
 
 def materialize(manifest: Manifest, store: Path, dest: Path) -> None:
@@ -136,12 +166,21 @@ def materialize(manifest: Manifest, store: Path, dest: Path) -> None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.edgetrain-tmp")
-        shutil.copyfile(store / e.sha256, tmp)
+        _copy_private(store / e.sha256, tmp, e.mode & PRIVATE_BITS)
         if sha256_file(tmp) != e.sha256:
             tmp.unlink()
             raise EdgetrainError(f"{store / e.sha256} in the node's file store is damaged", f"remove it; the next run ships {e.path} again")
-        os.chmod(tmp, e.mode)
         os.replace(tmp, target)
+
+
+def _copy_private(src: Path, tmp: Path, mode: int) -> None:
+    """Copy into a new file of this mode; whatever was at ``tmp`` (a link a script left there) is
+    replaced, never written or chmod-ed through."""
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
+        shutil.copyfileobj(f, out)
+        os.fchmod(fd, mode)
 
 
 def changed(manifest: Manifest, workdir: Path) -> dict[str, str]:
