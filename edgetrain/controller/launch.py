@@ -139,7 +139,8 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     for name in reversed(found):
         where = f"{ckpt_dir}/{name}"
         try:
-            manifest = json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+            manifest = checkpoints.check(json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"],
+                                                                   "reading the checkpoint manifest")))
             files = manifest["files"]
             epoch = int(manifest["epoch"])
         except (ValueError, KeyError, TypeError):

@@ -83,18 +83,50 @@ def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path]
     return Checkpoint(final, manifest)
 
 
+def confined(name: object) -> bool:
+    """Whether a file name from a manifest a node wrote stays inside its directory: a relative
+    POSIX path of plain parts, never absolute, never ``..``."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\0" in name or "\n" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def check(manifest: object) -> dict:
+    """The manifest, if it has the shape ``write`` gives it; else ValueError saying what is wrong."""
+    if not isinstance(manifest, dict):
+        raise ValueError("it is not a JSON object")
+    if not isinstance(manifest.get("epoch"), int) or isinstance(manifest["epoch"], bool):
+        raise ValueError("its epoch is not a number")
+    if not isinstance(manifest.get("job"), str):
+        raise ValueError("its job is not a name")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
+        raise ValueError("its files are not a list of names and digests")
+    outside = sorted(repr(n) for n in files if not confined(n))
+    if outside:
+        raise ValueError(f"it names files outside the checkpoint: {', '.join(outside[:3])}")
+    return manifest
+
+
 def read(path: Path) -> Checkpoint:
     try:
-        return Checkpoint(path, json.loads((path / MANIFEST).read_text()))
+        return Checkpoint(path, check(json.loads((path / MANIFEST).read_text())))
     except (OSError, ValueError) as exc:
         raise EdgetrainError(f"checkpoint {path} has no readable manifest ({exc})") from None
 
 
-def all_in(root: Path) -> list[Checkpoint]:
-    """Published checkpoints, oldest first; half-written temporary directories are not listed."""
+def all_in(root: Path, warn: Callable[[str], None] = lambda line: None) -> list[Checkpoint]:
+    """Published checkpoints, oldest first; half-written temporary directories are not listed,
+    nor one whose manifest is damaged (``warn`` gets one line for each)."""
     if not root.is_dir():
         return []
-    found = [read(p) for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file()]
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file():
+            try:
+                found.append(read(p))
+            except EdgetrainError as exc:
+                warn(f"{exc} - left out")
     return sorted(found, key=lambda c: c.epoch)
 
 
