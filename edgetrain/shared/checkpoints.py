@@ -38,7 +38,8 @@ class Checkpoint:
         return str(self.manifest["job"])
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable: until its directory is synced, a power cut may undo it."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -72,15 +73,32 @@ def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path]
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        if final.exists():
-            # A resumed run re-doing an epoch replaces its own older copy of that epoch.
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Checkpoint(final, manifest)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``. A resumed run re-doing an epoch replaces its own older copy of
+    that epoch, which is set aside under a hidden name and removed only once the new one is in
+    place (and put back if it cannot be)."""
+    aside = None
+    if final.exists():
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.replaced.")) / final.name
+        os.rename(final, aside)
+    try:
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        if aside is not None and not final.exists():
+            os.rename(aside, final)
+            aside.parent.rmdir()
+        raise
+    if aside is not None:
+        # The new copy is in place: an old one that cannot be removed is only space, not a failed epoch.
+        shutil.rmtree(aside.parent, ignore_errors=True)
 
 
 def confined(name: object) -> bool:

@@ -94,9 +94,9 @@ class Run:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
 
     def update_info(self, **fields) -> dict:
-        """Rewrite run.json with ``fields`` changed, atomically: a reader (or a crash, or a full
-        disk) sees the old file or the new one, never a part. A write that fails (a full disk)
-        is one EdgetrainError naming the file; the old run.json is left as it was."""
+        """Rewrite run.json with ``fields`` changed, atomically and durably: a reader (or a crash,
+        a power cut, or a full disk) sees the old file or the new one, never a part. A write that
+        fails (a full disk) is one EdgetrainError naming the file; the old run.json is left as it was."""
         info = self.info() if self.info_file.exists() else {}
         info.update(fields)
         data = (json.dumps(info, indent=2, sort_keys=True, default=str) + "\n").encode()
@@ -111,6 +111,7 @@ class Run:
             finally:
                 os.close(fd)
             os.replace(tmp, self.info_file)
+            checkpoints.fsync_dir(self.path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
