@@ -6,7 +6,7 @@ NP ?= 4
 EPOCHS ?= 1
 # System packages the tests need on top of the training stack: the multi-node testbed
 # (network namespaces, sshd) and the image builds (Docker engine, debootstrap).
-TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo
+TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo strace
 
 .PHONY: setup train test test-arm64 test-cuda
 

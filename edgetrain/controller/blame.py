@@ -8,6 +8,7 @@ the watcher's view of a dead node beats Hydra's, and a rank that only lost a pee
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,6 +16,9 @@ from functools import cached_property
 from edgetrain.shared import failures, mpi, runs
 from edgetrain.controller import placement
 from edgetrain.controller.inventory import Host
+
+TAIL_BYTES = 64 * 1024  # of a rank's log, for its last lines
+LINE_CHARS = 4096  # of a rank's log line, for the line its worker logs when it starts
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,7 @@ class Observed:
         records = failures.read_all(self.run.path)
         recorded = {f.rank for f in records}
         if any(f.rank not in recorded for f in self.reported):
-            records = sorted([*records, *(f for f in self.reported if f.rank not in recorded)],
-                             key=lambda f: (f.kind is not failures.Kind.ENDED_EARLY, f.time))
+            records = failures.in_order([*records, *(f for f in self.reported if f.rank not in recorded)])
         return records
 
     @cached_property
@@ -62,18 +65,24 @@ class Observed:
         pids: dict[str, list[tuple[int, str]]] = {}
         for log in self.run.logs():
             with open(log, errors="replace") as f:
-                for line in f:
+                # A line is read in bounded pieces: a rank may print megabytes without a newline.
+                while line := f.readline(LINE_CHARS):
                     words = line.split()
                     if len(words) >= 5 and words[0] == "rank" and words[2] == "on" and words[4] == "(pid":
                         pids.setdefault(words[5].rstrip(")"), []).append((int(words[1].split("/")[0]), words[3]))
         return pids
 
     def tail(self, rank: int, n: int = 15) -> tuple[str, ...]:
+        """The last lines of the rank's log, read from its last TAIL_BYTES: a log may be gigabytes."""
         log = self.run.log(rank)
-        return tuple(log.read_text(errors="replace").splitlines()[-n:]) if log.is_file() else ()
+        if not log.is_file():
+            return ()
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            return tuple(f.read(TAIL_BYTES).decode(errors="replace").splitlines()[-n:])
 
     def output_tail(self) -> tuple[str, ...]:
-        return tuple(self.output[-15:])
+        return tuple(self.output)[-15:]
 
     def host_of(self, address: str) -> Host | None:
         return next((h for h in self.plan.hosts if h.address == address or h.name == address), None)

@@ -180,6 +180,8 @@ def collect(
         result = collecting.collect_remote(run, inv, dest)
     else:
         result = collecting.collect_local(run, dest)
+    for problem in result.warnings:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
     verified = [f"checkpoints {', '.join(map(str, result.checkpoints))}"] if result.checkpoints else []
     verified += [f"{len(result.outputs)} outputs"] if result.outputs else []
     console.print(f"{result.dest}: {' and '.join(verified)} verified; "

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class Collected:
     unchanged: list[str] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what was left out, and why
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -64,15 +66,21 @@ def _verify_output(path: Path, digest: str) -> None:
                              "collect again; if it persists, the file changed after the run or the disk is failing")
 
 
-def outputs_of(run: runs.Run) -> dict[str, str]:
-    """Rank 0's outputs, ``{path in the run directory: sha256}``."""
+def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -> dict[str, str]:
+    """Rank 0's outputs, ``{path in the run directory: sha256}``; a listed name that would leave
+    the run directory (absolute, or with ``..``) is refused, one line to ``warn`` each."""
     listed = run.path / runs.OUTPUTS
     if listed.is_file():
         try:
             found = json.loads(listed.read_text())
-            return {**{f"work/{k}": v for k, v in found["work"].items()}, **{f"outputs/{k}": v for k, v in found["outputs"].items()}}
-        except (ValueError, KeyError, AttributeError):
+            named = {f"{part}/{k}": v for part in ("work", "outputs") for k, v in found[part].items()}
+            if not all(isinstance(v, str) for v in named.values()):
+                raise ValueError("a digest is not a string")
+        except (ValueError, KeyError, AttributeError, TypeError):
             raise EdgetrainError(f"{listed} is damaged", "collect again after a resume, or copy the run directory by hand") from None
+        for name in sorted(n for n in named if not checkpoints.confined(n)):
+            warn(f"{listed} names {name!r}, outside the run directory: not collected")
+        return {n: v for n, v in named.items() if checkpoints.confined(n)}
     shipped = run.path / workdir.MANIFEST
     manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.path / "work", ())
     work = workdir.changed(manifest, run.path / "work") if (run.path / "work").is_dir() else {}
@@ -87,8 +95,8 @@ def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
     except OSError as exc:
         raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "pass a writable --dest") from None
     result = Collected(dest)
-    found = checkpoints.all_in(src.checkpoints)
-    outputs = outputs_of(src)
+    found = checkpoints.all_in(src.checkpoints, result.warnings.append)
+    outputs = outputs_of(src, result.warnings.append)
     if not found and not outputs:
         raise EdgetrainError(f"run {dest.name} has no checkpoint or output yet", "collect it once its first epoch ends")
     for ckpt in found:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +141,8 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     for name in reversed(found):
         where = f"{ckpt_dir}/{name}"
         try:
-            manifest = json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+            manifest = checkpoints.check(json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"],
+                                                                   "reading the checkpoint manifest")))
             files = manifest["files"]
             epoch = int(manifest["epoch"])
         except (ValueError, KeyError, TypeError):
@@ -373,12 +375,16 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     return outcome
 
 
+OUTPUT_LINES = 5000  # of mpirun's output kept in memory (a run may print without end)
+
+
 @dataclass
 class _Seen:
     """What the supervising loop saw on mpirun's stream."""
 
     last: dict = field(default_factory=dict)  # the last epoch's event
-    output: list[str] = field(default_factory=list)  # every line that was not an event
+    # The last lines that were not events: what a failure is judged by (Hydra's words come last).
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
     first_step: float | None = None  # seconds from the launch to the first step's event
     finished: bool = False  # every rank passed the final barrier
     reported: list[failures.Failure] = field(default_factory=list)  # failures rank 0 reported on its stream

@@ -17,7 +17,9 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
@@ -34,6 +36,66 @@ def _move_into(src: Path, dest: Path) -> None:
             target.mkdir(exist_ok=True)
         else:
             os.replace(path, target)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """The most one fetch takes from a node: a node that sends more (a runaway log, a hostile
+    archive) cannot fill this machine's disk or hold the controller."""
+
+    bytes: int = 4 << 30
+    members: int = 100_000
+
+
+class _OverCap(Exception):
+    pass
+
+
+class _Unpacking:
+    """One tar stream unpacked member by member into a directory: what was refused, and the
+    member the stream was cut in or stopped at (None when it ended whole); a member that did not
+    come whole is removed, so every file left is whole."""
+
+    def __init__(self, names: list[str], caps: Caps) -> None:
+        self.names, self.caps = names, caps
+        self.refused: list[str] = []
+        self.cut: str | None = None
+        self.over: str | None = None
+        self.members = self.bytes = 0
+
+    def accepted(self, member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        top = member.name.split("/", 1)[0]
+        if not any(fnmatch.fnmatchcase(top, n) for n in self.names) or top in PROTECTED:
+            self.refused.append(f"{member.name} (not asked for)")
+            return None
+        if not (member.isfile() or member.isdir()):
+            self.refused.append(f"{member.name} (a link or special file)")
+            return None
+        self.members += 1
+        self.bytes += member.size
+        if self.members > self.caps.members:
+            raise _OverCap(f"more than {self.caps.members} files")
+        if self.bytes > self.caps.bytes:
+            raise _OverCap(f"more than {self.caps.bytes} bytes")
+        return tarfile.data_filter(member, path)
+
+    def run(self, stream: IO[bytes], into: Path) -> None:
+        current = last = None  # the member being unpacked, the last one unpacked whole
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for current in tar:
+                    tar.extract(current, into, filter=self.accepted)
+                    last, current = current, None
+        except _OverCap as exc:
+            self.cut, self.over = current.name, str(exc)
+        except tarfile.ReadError:
+            if current is not None:
+                self.cut = current.name
+                if current.isfile():
+                    (into / current.name).unlink(missing_ok=True)
+            elif last is not None:
+                self.cut = f"the file after {last.name}"
+            # else no archive at all: judged by ssh's status
 
 
 def ssh_command(host: Host, *options: str) -> list[str]:
@@ -100,32 +162,24 @@ class Nodes:
                                  fix or "check its address, user and key in the inventory")
         raise EdgetrainError(f"{what} on {host.name} failed: {last}", fix)
 
-    def fetch(self, host: Host, directory: str, names: Iterable[str], dest: Path, timeout: float = 300) -> list[str]:
+    def fetch(self, host: Host, directory: str, names: Iterable[str], dest: Path, timeout: float = 300,
+              caps: Caps = Caps()) -> list[str]:
         """Copy files (globs allowed) from a directory on a node into ``dest``, through tar.
 
         Only what was asked for is accepted - regular files and directories whose top-level name
         matches one of ``names``; never a link, a device, or a file the controller keeps itself
-        (``run.json``): a node cannot write anything else here. Returns what was refused."""
+        (``run.json``): a node cannot write anything else here. Only whole files replace what
+        ``dest`` holds: a copy cut short (a dropped link, a timeout, a node over ``caps``) keeps the
+        files that came whole, leaves the old version of the rest, and is one error naming it.
+        Returns what was refused."""
         names = list(names)
         dest.mkdir(parents=True, exist_ok=True)
-        refused: list[str] = []
         # Unpacked beside the destination first, then each file renamed into place: a full disk
         # mid-copy leaves every file there whole (its old version, or the new one), never a part.
         try:
             incoming = Path(tempfile.mkdtemp(dir=dest, prefix=".incoming-"))
         except OSError as exc:
             raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
-
-        def accepted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
-            top = member.name.split("/", 1)[0]
-            if not any(fnmatch.fnmatchcase(top, n) for n in names) or top in PROTECTED:
-                refused.append(f"{member.name} (not asked for)")
-                return None
-            if not (member.isfile() or member.isdir()):
-                refused.append(f"{member.name} (a link or special file)")
-                return None
-            return tarfile.data_filter(member, path)
-
         # Names that match nothing are skipped (a run that died early has fewer files).
         script = f"cd {shlex.quote(directory)} && exec tar -cf - --ignore-failed-read -- {' '.join(names)} 2>/dev/null"
         proc = subprocess.Popen(self.argv(host, ["sh", "-c", script]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -134,17 +188,17 @@ class Nodes:
         # A node that stops answering mid-copy must not hold the controller: the copy is abandoned.
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
+        unpacking = _Unpacking(names, caps)
         try:
-            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                tar.extractall(incoming, filter=accepted)
-        except tarfile.ReadError:
-            pass  # no archive at all: judged by ssh's status below
+            unpacking.run(proc.stdout, incoming)
         except OSError as exc:
             proc.kill()
             shutil.rmtree(incoming, ignore_errors=True)
             raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
         finally:
             timer.cancel()
+            if unpacking.over is not None:
+                proc.kill()  # nothing more is read
             proc.stdout.close()
             err = proc.stderr.read().decode(errors="replace").strip()
             code = proc.wait()
@@ -154,6 +208,9 @@ class Nodes:
             raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
+        if unpacking.over is not None:
+            raise EdgetrainError(f"copying {directory} from {host.name} stopped at {unpacking.cut}: {unpacking.over}",
+                                 "look at what the run left in that directory on the node")
         if code == -9:
             raise EdgetrainError(f"copying {directory} from {host.name} did not finish within {timeout:.0f} s",
                                  "check that the node is up and reachable")
@@ -161,7 +218,10 @@ class Nodes:
             raise EdgetrainError(f"copying {directory} from {host.name} failed: {err}", "check that the node is up and reachable")
         if code != 0 and "cd:" in err:
             raise EdgetrainError(f"{directory} does not exist on {host.name}")
-        return refused
+        if unpacking.cut is not None:
+            raise EdgetrainError(f"copying {directory} from {host.name} was cut short in {unpacking.cut} "
+                                 "(the files that came whole were kept)", "check the link to the node, then copy again")
+        return unpacking.refused
 
     def close(self) -> None:
         for host in self._used.values():

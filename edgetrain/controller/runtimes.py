@@ -306,11 +306,8 @@ class DockerRuntime(Runtime):
                 if host.name in self.containers.unreachable:
                     failed.append(f"{host.name}: rank logs not copied (unreachable); they stay in {dirs[host.name]} there")
                     continue
-                names = ["rank.*.log", "rank.*.failure.json", "rank.*.ended"]
-                if host is self.plan.head:
-                    names += ["metrics.jsonl", "outputs.json"]
                 try:
-                    refused = self.nodes.fetch(host, dirs[host.name], names, run.path, timeout=120)
+                    refused = self.nodes.fetch(host, dirs[host.name], node_files(self.plan, host), run.path, timeout=120)
                     failed += [f"{host.name}: not copied: {r}" for r in refused]
                 except EdgetrainError as exc:
                     failed.append(f"{host.name}: logs not copied: {exc}")
@@ -326,6 +323,13 @@ class DockerRuntime(Runtime):
 
 
 RUNTIMES = {"host": HostRuntime, "docker": DockerRuntime}
+
+
+def node_files(plan: Placement, host: Host) -> list[str]:
+    """What a node's run directory gives back when the run ends: its own ranks' files (a node
+    cannot send another rank's failure record), and rank 0's metrics and outputs list from the head."""
+    names = [runs.rank_file(rank, kind) for rank in plan.ranks_on(host) for kind in runs.RANK_FILES]
+    return names + (["metrics.jsonl", runs.OUTPUTS] if host is plan.head else [])
 
 
 def host_of(plan: Placement, address: str) -> Host | None:

@@ -38,7 +38,8 @@ class Checkpoint:
         return str(self.manifest["job"])
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable: until its directory is synced, a power cut may undo it."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -72,29 +73,78 @@ def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path]
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        if final.exists():
-            # A resumed run re-doing an epoch replaces its own older copy of that epoch.
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Checkpoint(final, manifest)
 
 
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``. A resumed run re-doing an epoch replaces its own older copy of
+    that epoch, which is set aside under a hidden name and removed only once the new one is in
+    place (and put back if it cannot be)."""
+    aside = None
+    if final.exists():
+        aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.replaced.")) / final.name
+        os.rename(final, aside)
+    try:
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        if aside is not None and not final.exists():
+            os.rename(aside, final)
+            aside.parent.rmdir()
+        raise
+    if aside is not None:
+        # The new copy is in place: an old one that cannot be removed is only space, not a failed epoch.
+        shutil.rmtree(aside.parent, ignore_errors=True)
+
+
+def confined(name: object) -> bool:
+    """Whether a file name from a manifest a node wrote stays inside its directory: a relative
+    POSIX path of plain parts, never absolute, never ``..``."""
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\0" in name or "\n" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def check(manifest: object) -> dict:
+    """The manifest, if it has the shape ``write`` gives it; else ValueError saying what is wrong."""
+    if not isinstance(manifest, dict):
+        raise ValueError("it is not a JSON object")
+    if not isinstance(manifest.get("epoch"), int) or isinstance(manifest["epoch"], bool):
+        raise ValueError("its epoch is not a number")
+    if not isinstance(manifest.get("job"), str):
+        raise ValueError("its job is not a name")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
+        raise ValueError("its files are not a list of names and digests")
+    outside = sorted(repr(n) for n in files if not confined(n))
+    if outside:
+        raise ValueError(f"it names files outside the checkpoint: {', '.join(outside[:3])}")
+    return manifest
+
+
 def read(path: Path) -> Checkpoint:
     try:
-        return Checkpoint(path, json.loads((path / MANIFEST).read_text()))
+        return Checkpoint(path, check(json.loads((path / MANIFEST).read_text())))
     except (OSError, ValueError) as exc:
         raise EdgetrainError(f"checkpoint {path} has no readable manifest ({exc})") from None
 
 
-def all_in(root: Path) -> list[Checkpoint]:
-    """Published checkpoints, oldest first; half-written temporary directories are not listed."""
+def all_in(root: Path, warn: Callable[[str], None] = lambda line: None) -> list[Checkpoint]:
+    """Published checkpoints, oldest first; half-written temporary directories are not listed,
+    nor one whose manifest is damaged (``warn`` gets one line for each)."""
     if not root.is_dir():
         return []
-    found = [read(p) for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file()]
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file():
+            try:
+                found.append(read(p))
+            except EdgetrainError as exc:
+                warn(f"{exc} - left out")
     return sorted(found, key=lambda c: c.epoch)
 
 

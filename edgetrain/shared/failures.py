@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgetrain.shared import runs
+
 
 # Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
 # peer"), or Horovod shutting down after its background loop lost a peer.
@@ -41,6 +43,10 @@ class Failure:
     fix: str | None = None
     traceback: str | None = None
     kind: Kind = Kind.EXCEPTION
+    # Seconds the rank had run when it failed, on its monotonic clock: comparable across nodes
+    # (their ranks start together under mpirun) where ``time``, a node's wall clock, is not - a Pi
+    # without a real-time clock steps it at NTP sync. None in records of earlier versions.
+    elapsed: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))  # read back from JSON as its value
@@ -66,8 +72,12 @@ class Failure:
         return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
 
 
+# When this rank's worker began: the worker imports this module as it starts.
+STARTED = time.monotonic()
+
+
 def path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank.{rank}.failure.json"
+    return run_dir / runs.rank_file(rank, "failure.json")
 
 
 def clear(run_dir: Path, rank: int) -> None:
@@ -78,7 +88,8 @@ def clear(run_dir: Path, rank: int) -> None:
 
 def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None,
           kind: Kind = Kind.EXCEPTION) -> Failure:
-    f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind)
+    f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind,
+                time.monotonic() - STARTED)
     # A full disk must not keep a failing rank from ending: what cannot be written is given up.
     tmp = run_dir / f".rank.{rank}.failure.json.tmp"
     try:
@@ -134,7 +145,7 @@ def disk_full(exc: BaseException, run_dir: Path) -> tuple[str, str] | None:
 
 
 def ended_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank.{rank}.ended"
+    return run_dir / runs.rank_file(rank, "ended")
 
 
 def mark_ended(run_dir: Path, rank: int) -> None:
@@ -143,7 +154,7 @@ def mark_ended(run_dir: Path, rank: int) -> None:
 
 
 def ended(run_dir: Path) -> list[int]:
-    return sorted(int(p.name.split(".")[1]) for p in run_dir.glob("rank.*.ended"))
+    return sorted(r for r in (runs.rank_of(p.name, "ended") for p in run_dir.glob("rank.*.ended")) if r is not None)
 
 
 def read_all(run_dir: Path) -> list[Failure]:
@@ -152,7 +163,15 @@ def read_all(run_dir: Path) -> list[Failure]:
     found = []
     for p in run_dir.glob("rank.*.failure.json"):
         try:
-            found.append(Failure(**json.loads(p.read_text())))
+            record = Failure(**json.loads(p.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-    return sorted(found, key=lambda f: (f.kind is not Kind.ENDED_EARLY, f.time))
+        if record.rank == runs.rank_of(p.name, "failure.json"):  # one rank cannot speak for another
+            found.append(record)
+    return in_order(found)
+
+
+def in_order(records: list[Failure]) -> list[Failure]:
+    """The cause first: a rank that ended early, else the one that failed soonest after the ranks
+    started; a node's wall clock decides only between records that lack ``elapsed``."""
+    return sorted(records, key=lambda f: (f.kind is not Kind.ENDED_EARLY, f.elapsed is None, f.elapsed or 0.0, f.time))

@@ -93,6 +93,9 @@ class RunRecord:
     error: str | None = None
     schema: int = SCHEMA
 
+    def __post_init__(self) -> None:
+        self.status, self.kind = Status(self.status), ProgramKind(self.kind)
+
     @property
     def command(self) -> list[str] | None:
         """The command that started the run (its first attempt's)."""
@@ -111,8 +114,6 @@ class RunRecord:
                                  "read it with the edgetrain that wrote it, or a newer one")
         try:
             known = _known(cls, data)
-            known["status"] = Status(known["status"])
-            known["kind"] = ProgramKind(known.get("kind", ProgramKind.JOB))
             known["program"] = ProgramRecord(**_known(ProgramRecord, known.get("program") or {}))
             if known.get("placement") is not None:
                 known["placement"] = Where(**_known(Where, known["placement"]))

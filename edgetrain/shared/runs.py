@@ -25,6 +25,21 @@ OUTPUTS = "outputs.json"
 RUN_AS = "/etc/edgetrain/user"
 
 
+# What each rank leaves in its run directory: its log, its failure record, the mark that its script returned.
+RANK_FILES = ("log", "failure.json", "ended")
+
+
+def rank_file(rank: int, kind: str) -> str:
+    return f"rank.{rank}.{kind}"
+
+
+def rank_of(name: str, kind: str) -> int | None:
+    """The rank a file of a run directory is named for (``rank.3.log`` of kind ``log``); None for
+    a name that is not a rank's, whatever a node sent."""
+    m = re.fullmatch(rf"rank\.(0|[1-9][0-9]{{0,5}})\.{re.escape(kind)}", name)
+    return int(m.group(1)) if m else None
+
+
 def default_root() -> Path:
     return Path(os.environ.get("EDGETRAIN_RUNS", "runs"))
 
@@ -55,7 +70,7 @@ class Run:
         return self.path / "machinefile"
 
     def log(self, rank: int) -> Path:
-        return self.path / f"rank.{rank}.log"
+        return self.path / rank_file(rank, "log")
 
     def record(self) -> RunRecord:
         try:
@@ -66,8 +81,8 @@ class Run:
 
     def update(self, **changes) -> RunRecord:
         """Rewrite run.json with ``changes`` made to its record (a first record needs ``job`` and
-        ``status``), atomically: a reader (or a crash, or a full disk) sees the old file or the new
-        one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
+        ``status``), atomically and durably: a reader (or a crash, a power cut, or a full disk) sees the
+        old file or the new one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
         the old run.json is left as it was."""
         if self.info_file.exists():
             record = replace(self.record(), **changes)
@@ -85,6 +100,7 @@ class Run:
             finally:
                 os.close(fd)
             os.replace(tmp, self.info_file)
+            checkpoints.fsync_dir(self.path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
@@ -178,7 +194,9 @@ class Run:
         return status
 
     def logs(self) -> list[Path]:
-        return sorted(self.path.glob("rank.*.log"), key=lambda p: int(p.name.split(".")[1]))
+        """The rank logs, by rank; a name that is not a rank's (``rank.x.log``) is not one."""
+        found = {rank_of(p.name, "log"): p for p in self.path.glob("rank.*.log")}
+        return [found[rank] for rank in sorted(r for r in found if r is not None)]
 
 
 class RunLock:
