@@ -26,6 +26,7 @@ def test_update_syncs_the_file_and_then_the_directory_holding_its_new_name(tmp_p
 
 WATCH = """
 import json, sys
+from pathlib import Path
 from edgetrain.shared import checkpoints
 final = Path(sys.argv[1]) / "epoch-0002"
 seen = []

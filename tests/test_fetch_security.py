@@ -110,7 +110,7 @@ def test_mpiruns_output_is_kept_in_bounded_memory():
     lines = launch.OUTPUT_LINES * 3
     proc = subprocess.Popen([sys.executable, "-c", f"for i in range({lines}): print('line', i)"], stdout=subprocess.PIPE, text=True)
     seen = launch._Seen()
-    launch._pump(None, proc, SimpleNamespace(last_output=0.0), seen, lambda e: None, lambda s: None)
+    launch._pump(SimpleNamespace(events_token="0" * 16), proc, SimpleNamespace(last_output=0.0), seen, lambda e: None, lambda s: None)
     proc.wait()
     assert len(seen.output) == launch.OUTPUT_LINES and list(seen.output)[-1] == f"line {lines - 1}"
 
