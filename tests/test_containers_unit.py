@@ -31,7 +31,7 @@ def test_node_dataset_default_is_the_datasets_roles_default():
 def test_docker_run_mounts_run_and_data_and_asks_for_gpus_only_on_gpu_hosts():
     cpu = containers.docker_run_argv(host("pi1"), "edgetrain-r1", "r1", "/home/pi/edgetrain/runs/r1", "edgetrain:0.1.0-arm64", "198.18.0.3")
     assert cpu[:2] == ["docker", "run"]
-    assert cpu[cpu.index("edgetrain:0.1.0-arm64") + 1] == "edgetrain-sshd"
+    assert "edgetrain-sshd" in cpu[cpu.index("edgetrain:0.1.0-arm64"):]  # under its lease
     assert "--network" in cpu and cpu[cpu.index("--network") + 1] == "host"
     assert "/home/pi/edgetrain/runs/r1:/edgetrain/run" in cpu
     assert "/srv/edgetrain/datasets:/edgetrain/data:ro" in cpu
@@ -198,3 +198,33 @@ def test_an_exception_after_other_ranks_finished_is_still_the_cause(tmp_path):
     failures.mark_ended(tmp_path, 1)
     found = _blame(tmp_path, plan, [])
     assert (found.rank, found.error) == (0, "OSError: disk full")
+
+
+def found(running=True, lease="/home/mpi/runs/r/.lease/renewed", seconds=30.0):
+    return containers.Found("edgetrain-r", "r", running, lease, seconds)
+
+
+@pytest.mark.parametrize(("c", "here", "age", "removed", "said"), [
+    (found(running=False), containers.Here.UNKNOWN, None, True, "stopped"),
+    (found(), containers.Here.LIVE, None, False, "its run is going"),
+    (found(), containers.Here.ENDED, None, True, "no command here holds it"),
+    # Another controller's, or another runs directory's: only its lease, on the node's clock, can prove it dead.
+    (found(), containers.Here.UNKNOWN, 4.0, False, "another controller renewed its lease 4 s ago"),
+    (found(), containers.Here.UNKNOWN, 95.0, True, "its lease ran out 65 s ago"),
+    (found(), containers.Here.UNKNOWN, None, False, "not proven dead"),
+    (found(lease="", seconds=None), containers.Here.UNKNOWN, None, False, "not proven dead"),
+], ids=["stopped", "live-here", "ended-here", "renewed-elsewhere", "lease-out", "lease-unreadable", "unlabelled"])
+def test_clean_removes_only_a_container_proven_dead(c, here, age, removed, said):
+    dead, why = containers.verdict(c, here, age)
+    assert dead is removed and said in why
+
+
+def test_the_containers_command_is_its_lease_which_the_ranks_cannot_renew():
+    argv = containers.docker_run_argv(host("n1"), "edgetrain-r", "r", "/home/mpi/runs/r", "img", None)
+    at = argv.index("img")
+    assert "--init" in argv[:at]
+    assert argv[at + 1:at + 7] == [containers.PYTHON, "-m", "edgetrain.rank.lease", f"{containers.RUN_MOUNT}/.lease/renewed",
+                                   str(host("n1").lease_seconds), "--"]
+    assert argv[at + 7] == "edgetrain-sshd"
+    assert f"/home/mpi/runs/r/.lease:{containers.RUN_MOUNT}/.lease:ro" in argv
+    assert f"{containers.LEASE_LABEL}=/home/mpi/runs/r/.lease/renewed" in argv

@@ -4,8 +4,13 @@ failing inventories are used: the play stops on the controller before it would c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
+
+from edgetrain.controller import containers
+from edgetrain.controller.remote import SSH_TIMEOUT
 
 from tests.cluster.playbook import Playbook
 from tests.conftest import ROOT, edgetrain
@@ -26,8 +31,8 @@ def write(tmp_path, **node2) -> str:
 @pytest.mark.parametrize(("node2", "cli", "play"), [
     ({"edgetrain_slots": 0}, "host n2 in {inv}: edgetrain_slots is 0; it must be a number of slots from 1 to 4096",
      "preflight: host n2 has edgetrain_slots '0'; it must be a number of slots from 1 to 4096."),
-    ({"edgetrain_lease_seconds": 5}, "host n2 in {inv}: edgetrain_lease_seconds is 5; it must be a number of seconds from 20 to 604800",
-     "preflight: host n2 has edgetrain_lease_seconds '5'; it must be a number of seconds from 20 to 604800."),
+    ({"edgetrain_lease_seconds": 29}, "host n2 in {inv}: edgetrain_lease_seconds is 29; it must be a number of seconds from 30 to 604800",
+     "preflight: host n2 has edgetrain_lease_seconds '29'; it must be a number of seconds from 30 to 604800."),
     ({"edgetrain_arch": "armv7l"}, "host n2 in {inv}: edgetrain_arch is armv7l; set it to one of aarch64, x86_64",
      "preflight: host n2 has edgetrain_arch 'armv7l'; set it to one of aarch64, x86_64"),
     ({"edgetrain_mpi_user": "Bad User"}, "host n2 in {inv}: edgetrain_mpi_user 'Bad User' is not a valid user name",
@@ -40,3 +45,9 @@ def test_the_cli_and_the_preflight_play_refuse_the_same_values(tmp_path, node2, 
     assert ran.returncode != 0 and play in " ".join(ran.output.split()), ran.output[-3000:]
     assert "PLAY [Preflight - gather facts" not in ran.output  # no node was contacted
 
+
+
+def test_the_shortest_lease_is_three_renewals_and_sshs_timeout():
+    """The schema's minimum is what the controller's renewal needs (edgetrain.controller.containers)."""
+    schema = json.loads((ROOT / "edgetrain" / "controller" / "inventory.schema.json").read_text())
+    assert schema["properties"]["edgetrain_lease_seconds"]["minimum"] == containers.MIN_LEASE == 3 * containers.LEASE_RENEW + SSH_TIMEOUT

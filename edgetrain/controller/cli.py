@@ -229,16 +229,16 @@ def doctor(
 def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The cluster whose nodes to clean.")],
           runs_dir: RunsDirOpt = Path("runs"),
           store: Annotated[bool, typer.Option("--store", help="Also prune each node's file store: the shipped files no going run uses.")] = False) -> None:
-    """Remove edgetrain containers left on the nodes (a controller that died, a node that came back); a live run's are kept."""
-    def live(run_id: str) -> bool:
+    """Remove edgetrain containers proven dead (stopped, their run ended here, or their lease run out on the node); any other is kept."""
+    def here(run_id: str) -> containers.Here:
         try:
-            return runs.find(runs_dir, run_id).live()
+            return containers.Here.LIVE if runs.find(runs_dir, run_id).live() else containers.Here.ENDED
         except EdgetrainError:
-            return False  # a run this machine does not know, or a doctor probe's
+            return containers.Here.UNKNOWN  # another runs directory's, another controller's, or a doctor probe's
 
     inv = inventories.load(inventory)
     with Nodes() as nodes:
-        found = containers.clean(nodes, [h for h in inv.hosts if h.runtime == "docker"], live)
+        found = containers.clean(nodes, [h for h in inv.hosts if h.runtime == "docker"], here)
     for c in found:
         console.print(f"{c.host}: {c.container} ({c.detail})", markup=False, highlight=False)
     console.print(f"{sum(c.removed for c in found)} container(s) removed, {sum(not c.removed for c in found)} kept")
@@ -248,7 +248,7 @@ def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The
         for p in pruned:
             console.print(f"{p.host}: file store: {p.files} file(s) removed ({p.bytes / 1024**2:,.1f} MiB), "
                           f"{p.views} finished run(s) forgotten", markup=False, highlight=False)
-    if any(not c.removed and c.detail != "its run is going" for c in found):
+    if any(not c.removed and not c.kept_alive for c in found):
         raise EdgetrainError("some containers could not be removed (see above)")
 
 

@@ -10,6 +10,7 @@ itself when the controller stops renewing its lease (killed, powered off, cut of
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import posixpath
 import shlex
@@ -27,7 +28,7 @@ from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.placement import Placement
-from edgetrain.controller.remote import Nodes, tar_bytes
+from edgetrain.controller.remote import SSH_TIMEOUT, Nodes, tar_bytes
 from edgetrain.shared.runs import RUN_AS
 
 SSH_PORT = 12345
@@ -57,9 +58,15 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "SYS_CHRO
 SSHD_OPTIONS = ("AllowTcpForwarding=no", "AllowStreamLocalForwarding=no", "AllowAgentForwarding=no",
                 "X11Forwarding=no", "PermitTunnel=no", "GatewayPorts=no")
 # How often the controller renews each container's lease (it runs out after the host's
-# edgetrain_lease_seconds).
-LEASE_RENEW = 10
-LEASE_FILE = ".lease"
+# edgetrain_lease_seconds). The lease lives in a directory of the node's run directory that the
+# container mounts read-only over its own: the ranks read it, none can renew it.
+LEASE_RENEW = 5
+LEASE_DIR = ".lease"
+LEASE_FILE = "renewed"
+# The shortest lease: three renewals may go missing, and the last one may wait on ssh's timeout,
+# before a container of a running controller would end. The inventory schema says the same.
+MIN_LEASE = 3 * LEASE_RENEW + SSH_TIMEOUT
+LEASE_LABEL, LEASE_SECONDS_LABEL = "org.edgetrain.lease", "org.edgetrain.lease-seconds"
 # The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
 # (Hydra connects once, when mpirun starts; the connections then stay up for the whole run).
 KEY_LIFETIME = 24 * 3600
@@ -83,21 +90,31 @@ def private_dirs(*dirs: str) -> str:
     return f"umask 077 && mkdir -p -- {quoted} && chmod 0700 -- {quoted}"
 
 
+def lease_path(node_run_dir: str) -> str:
+    """The node's side of the container's lease (the controller renews it, ``clean`` reads its age)."""
+    return f"{node_run_dir.rstrip('/')}/{LEASE_DIR}/{LEASE_FILE}"
+
+
 def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str, listen: str | None) -> list[str]:
     """The container of one node: removed by Docker once it stops (by the controller, or by its
-    own lease), never pulled, with fewer capabilities, and sshd on the cluster address only."""
+    own lease, which is its command under Docker's init), never pulled, with fewer capabilities,
+    and sshd on the cluster address only."""
+    lease_dir = f"{node_run_dir.rstrip('/')}/{LEASE_DIR}"
     argv = [
-        "docker", "run", "--detach", "--rm", "--pull", "never", "--name", name, "--label", f"{LABEL}={run_id}",
+        "docker", "run", "--detach", "--rm", "--init", "--pull", "never", "--name", name, "--label", f"{LABEL}={run_id}",
+        "--label", f"{LEASE_LABEL}={lease_path(node_run_dir)}", "--label", f"{LEASE_SECONDS_LABEL}={host.lease_seconds}",
         "--network", "host", "--shm-size", SHM_SIZE, "--cap-drop", "ALL",
         *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
+        "--volume", f"{lease_dir}:{RUN_MOUNT}/{LEASE_DIR}:ro",
         "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
         "--volume", f"{store_view(node_run_dir)}:{STORE_MOUNT}:ro",  # this run's files, not the whole store
     ]
     if host.is_gpu:
         argv += ["--gpus", "all"]
     sshd = [f"-o{o}" for o in SSHD_OPTIONS] + ([f"-oListenAddress={listen}"] if listen else [])
-    return [*argv, image, "edgetrain-sshd", *sshd]
+    lease = [PYTHON, "-m", "edgetrain.rank.lease", f"{RUN_MOUNT}/{LEASE_DIR}/{LEASE_FILE}", str(host.lease_seconds), "--"]
+    return [*argv, image, *lease, "edgetrain-sshd", *sshd]
 
 
 def _ip(address: str) -> str | None:
@@ -148,18 +165,18 @@ class Containers:
         # them, their containers end themselves when the lease runs out.
         self.unreachable: set[str] = set()
         self._renewing = threading.Event()
-        self._renewer: threading.Thread | None = None
 
     def _lease(self, host: Host) -> str:
-        return f"{self.node_run_dirs[host.name]}/{LEASE_FILE}"
+        return lease_path(self.node_run_dirs[host.name])
 
-    def _renew(self) -> None:
+    def _renew(self, host: Host) -> None:
+        """Renew one node's lease until the run ends: a node each, so that one out of reach (each
+        try waits up to ssh's timeout) delays no other node's renewal."""
         while not self._renewing.wait(LEASE_RENEW):
-            for host in self.plan.hosts:
-                try:
-                    self.nodes.run(host, ["touch", self._lease(host)], timeout=LEASE_RENEW * 2)
-                except EdgetrainError:
-                    pass  # a node out of reach: its container ends itself when the lease runs out
+            try:
+                self.nodes.run(host, ["touch", self._lease(host)], timeout=LEASE_RENEW + SSH_TIMEOUT)
+            except EdgetrainError:
+                pass  # a node out of reach: its container ends itself when the lease runs out
 
     def _each(self, fn, hosts=None) -> list:
         hosts = list(self.plan.hosts if hosts is None else hosts)
@@ -168,8 +185,8 @@ class Containers:
 
     def start(self) -> None:
         """Start every container and connect them; on any failure, remove what started and raise."""
-        self._renewer = threading.Thread(target=self._renew, daemon=True, name="lease")
-        self._renewer.start()
+        for host in self.plan.hosts:
+            threading.Thread(target=self._renew, args=(host,), daemon=True, name=f"lease {host.name}").start()
         try:
             errors = [e for e in self._each(self._start_one) if e]
             if errors:
@@ -183,14 +200,13 @@ class Containers:
         d = self.node_run_dirs[host.name]
         try:
             self.listen[host.name] = listen_address(self.nodes, host)
-            ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d))} && "
+            # The lease exists before the container: one whose controller dies from here on ends by itself.
+            ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d), posixpath.dirname(self._lease(host)))} && "
                                           f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
                                                          "reading the container's process"))
-            self.nodes.check(host, ["docker", "exec", "-d", self.name, PYTHON, "-m", "edgetrain.rank.lease",
-                                    f"{RUN_MOUNT}/{LEASE_FILE}", str(host.lease_seconds)], "starting the container's lease")
             self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"mkdir -p {posixpath.dirname(RUN_AS)} && cat > {RUN_AS}"],
                              "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
         except EdgetrainError as exc:
@@ -283,11 +299,64 @@ class Containers:
         return left + failed
 
 
+@dataclass(frozen=True)
+class Found:
+    """An edgetrain container on a node, as ``docker ps`` shows it."""
+
+    name: str
+    run: str  # the run (or probe) it belongs to
+    running: bool
+    lease: str  # its lease file on the node; "" for a container from before leases were labelled
+    lease_seconds: float | None
+
+
+def listed(nodes: Nodes, host: Host) -> list[Found]:
+    fields = ("{{.Names}}", "{{.State}}", *(f'{{{{.Label "{k}"}}}}' for k in (LABEL, LEASE_LABEL, LEASE_SECONDS_LABEL)))
+    out = nodes.check(host, ["docker", "ps", "--all", "--filter", f"label={LABEL}", "--format", "\t".join(fields)], "listing containers")
+    found = []
+    for line in out.splitlines():
+        name, state, run, lease, seconds = (line.split("\t") + [""] * 5)[:5]
+        found.append(Found(name, run, state == "running", lease, float(seconds) if seconds.isdigit() else None))
+    return found
+
+
 def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:
     """edgetrain containers on a node: name -> the run (or probe) they belong to."""
-    out = nodes.check(host, ["docker", "ps", "--all", "--filter", f"label={LABEL}", "--format", f'{{{{.Names}}}} {{{{.Label "{LABEL}"}}}}'],
-                      "listing containers")
-    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    return {f.name: f.run for f in listed(nodes, host)}
+
+
+def lease_age(nodes: Nodes, host: Host, path: str) -> float | None:
+    """Seconds since the lease was renewed, both ends read from the node's own clock; None when
+    it cannot be read."""
+    proc = nodes.run(host, ["sh", "-c", 'echo $(( $(date +%s) - $(stat -c %Y -- "$1") ))', "sh", path], timeout=60)
+    out = proc.stdout.strip()
+    return float(out) if proc.returncode == 0 and out.lstrip("-").isdigit() else None
+
+
+class Here(enum.Enum):
+    """What this machine's runs directory knows of a container's run."""
+
+    LIVE = "a command here holds it"
+    ENDED = "no command here holds it"
+    UNKNOWN = "not a run of this runs directory"
+
+
+def verdict(c: Found, here: Here, age: float | None) -> tuple[bool, str]:
+    """Whether ``clean`` may remove a container, and why: only one proven dead - stopped, its run
+    ended here, or its lease (on the node's clock) run out. A running container of a run this
+    machine does not know may belong to another controller or runs directory: it is kept while
+    its lease is renewed, or when its lease cannot be read."""
+    if not c.running:
+        return True, "stopped"
+    if here is Here.LIVE:
+        return False, "its run is going"
+    if here is Here.ENDED:
+        return True, "its run ended: no command here holds it"
+    if age is None or c.lease_seconds is None:
+        return False, "kept: not proven dead (its lease cannot be read); remove it with docker rm --force if it is yours"
+    if age > c.lease_seconds:
+        return True, f"its lease ran out {age - c.lease_seconds:.0f} s ago"
+    return False, f"kept: another controller renewed its lease {age:.0f} s ago"
 
 
 @dataclass(frozen=True)
@@ -297,20 +366,24 @@ class Cleaned:
     run: str
     removed: bool
     detail: str
+    kept_alive: bool = False  # kept because it is someone's live run, not because removal failed
 
 
-def clean(nodes: Nodes, hosts: list[Host], live: Callable[[str], bool]) -> list[Cleaned]:
-    """Remove every edgetrain container whose run no live edgetrain holds (``live(run_id)``)."""
+def clean(nodes: Nodes, hosts: list[Host], here: Callable[[str], Here]) -> list[Cleaned]:
+    """Remove every edgetrain container proven dead (see ``verdict``)."""
     def one(host: Host) -> list[Cleaned]:
-        found = []
-        for name, run_id in leftovers(nodes, host).items():
-            if live(run_id):
-                found.append(Cleaned(host.name, name, run_id, False, "its run is going"))
+        cleaned = []
+        for c in listed(nodes, host):
+            known = here(c.run)
+            age = lease_age(nodes, host, c.lease) if c.running and known is Here.UNKNOWN and c.lease else None
+            dead, why = verdict(c, known, age)
+            if not dead:
+                cleaned.append(Cleaned(host.name, c.name, c.run, False, why, kept_alive=True))
                 continue
-            proc = nodes.run(host, ["docker", "rm", "--force", name], timeout=60)
+            proc = nodes.run(host, ["docker", "rm", "--force", c.name], timeout=60)
             ok = proc.returncode == 0 or "No such container" in proc.stderr
-            found.append(Cleaned(host.name, name, run_id, ok, "removed" if ok else (proc.stderr.strip().splitlines() or ["?"])[-1]))
-        return found
+            cleaned.append(Cleaned(host.name, c.name, c.run, ok, f"removed: {why}" if ok else (proc.stderr.strip().splitlines() or ["?"])[-1]))
+        return cleaned
 
     with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
         return [c for cs in pool.map(one, hosts) for c in cs]

@@ -98,12 +98,16 @@ class _Unpacking:
             # else no archive at all: judged by ssh's status
 
 
+# Seconds until ssh gives up on a node: to connect, or once a connection's keepalives go unanswered.
+SSH_TIMEOUT = 15
+
+
 def ssh_command(host: Host, *options: str) -> list[str]:
     """ssh to a node with the inventory's address, port, user, key and extra arguments."""
     hv = host.vars
     # Keepalives: a link that goes dark (packets dropped, no reset) ends the connection in ~15 s
     # instead of TCP's minutes, so no call to a node can hang the controller.
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=5",
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT}", "-o", f"ServerAliveInterval={SSH_TIMEOUT // 3}",
            "-o", "ServerAliveCountMax=3", "-p", str(host.port), *options]
     if hv.get("ansible_ssh_private_key_file"):
         cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
