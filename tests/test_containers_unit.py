@@ -52,11 +52,6 @@ def test_containers_remove_themselves_are_never_pulled_and_keep_few_capabilities
     assert "-oListenAddress=198.18.0.3" in sshd and "-oAllowTcpForwarding=no" in sshd and "-oPermitTunnel=no" in sshd
 
 
-def test_the_run_key_is_for_the_head_only_restricted_and_expiring():
-    line = containers.authorized_key("ssh-ed25519 AAAAkey edgetrain-r1\n", ["127.0.0.1", "198.18.0.11"], 0.0)
-    assert line == 'restrict,from="127.0.0.1,198.18.0.11",expiry-time="197001020000Z" ssh-ed25519 AAAAkey edgetrain-r1\n'
-
-
 def test_mpirun_runs_in_the_rank0_container_with_the_inventorys_interface_and_env():
     hosts = (host("pi1", groups=("head", "rpi"), mpi_env={"UCX_TLS": "tcp,self"}), host("pi2"))
     plan = placement.plan(Inventory(Path("inv"), hosts), 2)

@@ -36,7 +36,7 @@ def write(tmp_path, **node2) -> str:
     ({"edgetrain_arch": "armv7l"}, "host n2 in {inv}: edgetrain_arch is armv7l; set it to one of aarch64, x86_64",
      "preflight: host n2 has edgetrain_arch 'armv7l'; set it to one of aarch64, x86_64"),
     ({"edgetrain_mpi_user": "Bad User"}, "host n2 in {inv}: edgetrain_mpi_user 'Bad User' is not a valid user name",
-     "preflight: host n2 needs edgetrain_runtime (one of docker, host), and an edgetrain_mpi_user that is a valid user name."),
+     "preflight: host n2 has edgetrain_mpi_user \"Bad User\"; it is not a valid user name."),
 ], ids=["slots", "lease", "arch", "mpi-user"])
 def test_the_cli_and_the_preflight_play_refuse_the_same_values(tmp_path, node2, cli, play):
     inv = write(tmp_path, **node2)

@@ -65,7 +65,7 @@ def test_ini_inventory_works_too(tmp_path):
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_runtime: vm}\n", "edgetrain_runtime"),
         ("cluster:\n  hosts: {}\n", "no hosts"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, ansible_port: abc}\n", "ansible_port is 'abc', not a port number"),
-        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, datasets_dir: data}\n", "datasets_dir 'data' is relative"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, datasets_dir: data}\n", "datasets_dir 'data' must be an absolute path"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_mpi_env: UCX_TLS=tcp}\n", "edgetrain_mpi_env must be a mapping"),
     ],
 )

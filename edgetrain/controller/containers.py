@@ -14,6 +14,7 @@ import enum
 import ipaddress
 import posixpath
 import shlex
+import socket
 import subprocess
 import tempfile
 import threading
@@ -70,6 +71,9 @@ LEASE_LABEL, LEASE_SECONDS_LABEL = "org.edgetrain.lease", "org.edgetrain.lease-s
 # The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
 # (Hydra connects once, when mpirun starts; the connections then stay up for the whole run).
 KEY_LIFETIME = 24 * 3600
+# A fork bomb in a rank stops here, not at the node's own limit; a rank of TensorFlow and Horovod
+# runs some hundred threads (each one counts), so this leaves room for a GPU server's eight.
+PIDS_LIMIT = 4096
 
 
 def store_dir(node_run_dir: str) -> str:
@@ -105,6 +109,7 @@ def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image
         "--label", f"{LEASE_LABEL}={lease_path(node_run_dir)}", "--label", f"{LEASE_SECONDS_LABEL}={host.lease_seconds}",
         "--network", "host", "--shm-size", SHM_SIZE, "--cap-drop", "ALL",
         *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
+        "--security-opt", "no-new-privileges", "--pids-limit", str(PIDS_LIMIT),
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
         "--volume", f"{lease_dir}:{RUN_MOUNT}/{LEASE_DIR}:ro",
         "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
@@ -124,9 +129,27 @@ def _ip(address: str) -> str | None:
         return None
 
 
-def authorized_key(public: str, sources: list[str], now: float) -> str:
-    expiry = time.strftime("%Y%m%d%H%MZ", time.gmtime(now + KEY_LIFETIME))
-    return f'restrict,from="{",".join(sources)}",expiry-time="{expiry}" {public.strip()}\n'
+def authorize_key(public: str, sources: list[str], ssh_dir: str = "/root/.ssh") -> str:
+    """Shell that authorizes the run's key in ``ssh_dir`` until a day after the clock of the machine
+    it runs on: sshd judges expiry-time by the node's clock, which on a Pi without a real-time clock
+    can be hours or years from the controller's."""
+    expiry = f'date -u -d "@$(( $(date +%s) + {KEY_LIFETIME} ))" +%Y%m%d%H%MZ'
+    line = shlex.quote(f'restrict,from="{",".join(sources)}",expiry-time="%s" {public.strip()}\n')
+    return (f"umask 077 && mkdir -p {shlex.quote(ssh_dir)} && expiry=$({expiry}) && "
+            f'printf {line} "$expiry" > {shlex.quote(ssh_dir + "/authorized_keys")}')
+
+
+def head_sources(head: Host, listen: str | None) -> list[str]:
+    """Where the run's key is accepted from: the head's cluster address, else its inventory address
+    (a name resolved here: sshd compares from= with the peer's IP, never a name), and loopback."""
+    found = {a for a in (listen, _ip(head.address)) if a}
+    if not found:
+        try:
+            found = {info[4][0] for info in socket.getaddrinfo(head.address, None, socket.AF_INET)}
+        except (OSError, UnicodeError):
+            raise EdgetrainError(f"cannot resolve {head.address}, the address of {head.name}, to an IPv4 address",
+                                 f"set edgetrain_iface of {head.name}, or its ansible_host to its IPv4 address") from None
+    return sorted(found | {"127.0.0.1"})
 
 
 def listen_address(nodes: Nodes, host: Host) -> str | None:
@@ -219,16 +242,14 @@ class Containers:
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(key)], check=True)
             private, public = key.read_bytes(), key.with_suffix(".pub").read_text()
         # Install the run's public key, wait for sshd, and read back the container's host key.
+        head = self.plan.head
         script = (
-            "umask 077 && cat > /root/.ssh/authorized_keys && i=0; "
+            f"{authorize_key(public, head_sources(head, self.listen.get(head.name)))} && i=0; "
             "while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
             "cat /etc/ssh/ssh_host_ed25519_key.pub"
         )
-        head = self.plan.head
-        sources = [a for a in {self.listen.get(head.name), _ip(head.address), "127.0.0.1"} if a]
-        entry = authorized_key(public, sorted(sources), time.time())
         host_keys = self._each(lambda h: self.nodes.check(
-            h, ["docker", "exec", "-i", self.name, "sh", "-c", script], "installing the run's ssh key", input=entry))
+            h, ["docker", "exec", self.name, "sh", "-c", script], "installing the run's ssh key"))
         known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),

@@ -25,7 +25,7 @@ ARCHES = tuple(PROPERTIES["edgetrain_arch"]["enum"])
 RUNTIMES = tuple(PROPERTIES["edgetrain_runtime"]["enum"])
 # Where a node keeps its runs (relative: under the ssh user's home) and finds its datasets
 # (the datasets role's default, roles/datasets/defaults/main.yml).
-DEFAULT_RUNS_DIR = "edgetrain/runs"
+DEFAULT_RUNS_DIR = PROPERTIES["edgetrain_runs_dir"]["default"]
 DEFAULT_DATASETS_DIR = PROPERTIES["datasets_dir"]["default"]
 DEVICE_GROUPS = ("rpi", "gpu")
 
@@ -164,7 +164,8 @@ def conform(key: str, value):
             raise Invalid(f"{key} {problem}")
         return value
     text = str(value)
-    if len(text) < rule.get("minLength", 0) or not re.match(rule.get("pattern", ""), text):
+    # Whole-string, as JSON Schema means it: re.match's "$" would let a trailing line break through.
+    if len(text) < rule.get("minLength", 0) or not re.fullmatch(rule.get("pattern", ".*"), text, re.S):
         raise Invalid(f"{key} {text!r} {problem}")
     return text
 
@@ -180,6 +181,10 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
         except Invalid as exc:
             raise EdgetrainError(f"host {name} in {source}: {exc}") from None
 
+    def given(key: str):
+        """The host's value for an optional ``key`` as the schema takes it; None when unset."""
+        return None if hv.get(key) in (None, "") else checked(key)
+
     connection = str(hv.get("ansible_connection", "ssh"))
     local = connection == "local"
     arch = checked("edgetrain_arch", platform.machine() if local else "")
@@ -190,21 +195,21 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
     # The controller renews every 10 s: a shorter lease would end healthy containers.
     lease = checked("edgetrain_lease_seconds")
     env = checked("edgetrain_mpi_env", {})
-    for key in ("edgetrain_iface", "edgetrain_mpi_user"):  # provisioning needs them (preflight); the CLI checks them when given
-        if key in hv:
-            checked(key)
+    given("edgetrain_mpi_user")  # provisioning needs it (preflight); the CLI checks it when given
+    # The address, user, image and directories reach command lines (ssh, docker's volumes, the
+    # machinefile): the schema refuses a value that would read as an option or split a field there.
     return Host(
         name=name,
-        address=str(hv.get("ansible_host", name)),
+        address=checked("ansible_host", name),
         arch=arch,
         slots=slots,
         runtime=runtime,
         connection=connection,
-        user=hv.get("ansible_user"),
+        user=given("ansible_user"),
         port=port,
-        iface=hv.get("edgetrain_iface"),
-        image=hv.get("edgetrain_image"),
-        runs_dir=str(hv.get("edgetrain_runs_dir") or DEFAULT_RUNS_DIR),
+        iface=given("edgetrain_iface"),
+        image=given("edgetrain_image"),
+        runs_dir=checked("edgetrain_runs_dir"),
         datasets_dir=datasets_dir,
         mpi_env={str(k): str(v) for k, v in env.items()},
         lease_seconds=lease,

@@ -53,6 +53,9 @@ class Placement:
             # MPI busy-waits in every negotiation, even with no tensor pending: at Horovod's default
             # 1 ms an idle 3-node job used all of an emulated Pi's CPU (docs/scaling.md).
             env["HOROVOD_CYCLE_TIME"] = str(GLOO_CYCLE_TIME_MS if gloo else SLOW_CYCLE_TIME_MS)
+        if self.head.iface and self.head.mpi_env.get(strategies.HOROVOD_CONTROLLER, env.get(strategies.HOROVOD_CONTROLLER)) == "gloo":
+            # Gloo and its rendezvous listen on this interface alone, whoever picked Gloo.
+            env.setdefault(strategies.GLOO_IFACE, self.head.iface)
         return {**env, **self.head.mpi_env}
 
     @property

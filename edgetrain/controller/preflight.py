@@ -20,6 +20,10 @@ from edgetrain.controller.placement import Placement
 from edgetrain.controller.remote import Nodes
 
 MIN_FREE_DISK = 2 * 1024**3
+# A node's clock further than this from the controller's is reported: the times in its logs and
+# records disagree with the controller's, and one hours or years off (a Pi without a real-time
+# clock, before NTP) is not synced at all.
+CLOCK_SKEW_REPORTED = 2.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,48 @@ def probe_report(proc: subprocess.CompletedProcess, failed: str, fix: str) -> di
     return json.loads(reports[-1])
 
 
+@dataclass(frozen=True)
+class Skew:
+    """A node's clock against this machine's: ``seconds`` ahead (negative: behind), known to within
+    ``error`` (half the round trip of the reading)."""
+
+    seconds: float
+    error: float
+
+    @property
+    def reported(self) -> bool:
+        return abs(self.seconds) - self.error > CLOCK_SKEW_REPORTED
+
+    def describe(self) -> str:
+        if not self.reported:
+            return f"within {CLOCK_SKEW_REPORTED:.0f} s of this machine's"
+        return f"{_span(abs(self.seconds))} {'ahead of' if self.seconds > 0 else 'behind'} this machine's"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def read_skew(nodes: Nodes, host: Host) -> Skew:
+    """The node's clock read once over its ssh connection, against this machine's around the reading."""
+    before = time.time()
+    said = nodes.check(host, ["date", "+%s.%N"], "reading the clock")
+    after = time.time()
+    try:
+        return Skew(float(said) - (before + after) / 2, (after - before) / 2)
+    except ValueError:
+        raise EdgetrainError(f"the clock of {host.name} reads {said.strip()[:40]!r}, not seconds") from None
+
+
+def skewed(reports: list[NodeReport]) -> list[str]:
+    """One line per node whose clock is far from this machine's."""
+    return [f"preflight: the clock of {r.host.name} is {r.skew.describe()} (sync it with NTP: timedatectl set-ntp true)"
+            for r in reports if r.skew and r.skew.reported]
+
+
 @dataclass
 class NodeReport:
     host: Host
@@ -47,6 +93,7 @@ class NodeReport:
     runs_dir: str | None = None  # the node's runs directory, absolute
     image_id: str | None = None
     data_formats: dict[str, str] = field(default_factory=dict)  # dataset -> format found on the node
+    skew: Skew | None = None  # its clock against this machine's
 
     @property
     def failure(self) -> Check | None:
@@ -59,6 +106,7 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
     node = _NodeChecks(nodes, host, NodeReport(host), expected_id, fix_data)
     if not node.step("ssh", node.ssh):
         return node.rep
+    node.step("clock", node.clock)
     if node.step("docker", node.engine) and node.step("image", node.image) and host.is_gpu:
         # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
         node.step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
@@ -95,6 +143,10 @@ class _NodeChecks:
                                  f"({said.strip().splitlines()[0][:60]!r})",
                                  "make the shell's startup files print only in interactive shells (e.g. test $- for i in ~/.bashrc)")
         return f"{host.ssh_target} port {host.port}"
+
+    def clock(self) -> str:
+        self.rep.skew = read_skew(self.nodes, self.host)
+        return self.rep.skew.describe()
 
     def engine(self) -> str:
         version = self.nodes.check(self.host, ["docker", "version", "--format", "{{.Server.Version}}"], "asking the Docker engine",

@@ -113,7 +113,7 @@ def ssh_command(host: Host, *options: str) -> list[str]:
         cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         cmd += shlex.split(str(hv.get(key) or ""))
-    return [*cmd, host.ssh_target]
+    return [*cmd, "--", host.ssh_target]
 
 
 def tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:

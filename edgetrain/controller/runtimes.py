@@ -252,6 +252,8 @@ class DockerRuntime(Runtime):
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
         preflight.require(reports)
+        for line in preflight.skewed(reports):
+            log(line)
         if program.requirements is not None:
             lines = requirements.read(program.requirements)
             with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:

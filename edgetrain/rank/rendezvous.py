@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import MutableMapping
 
 from edgetrain.shared.strategies import GLOO_ADDR as ADDR
@@ -29,6 +30,18 @@ def wanted(env: MutableMapping[str, str]) -> bool:
     return env.get(CONTROLLER) == "gloo" and ADDR not in env and int(env.get("PMI_SIZE", "1")) > 1
 
 
+def serve(address: str, plan: list):
+    """Horovod's rendezvous (its HTTP key-value store) for ``plan``, on ``address`` alone and a port
+    the kernel picks; it answers from a daemon thread. Horovod's own RendezvousServer listens on
+    every address of the node, reachable from any network the node is on."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    server = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+    server.init(plan)
+    threading.Thread(target=server.serve_forever, daemon=True, name="rendezvous").start()
+    return server
+
+
 def _gloo_built() -> bool:
     import horovod.tensorflow as hvd
 
@@ -39,9 +52,13 @@ def set_up(env: MutableMapping[str, str] = os.environ):
     """Give this rank Horovod's Gloo variables; collective: every rank of the launch calls it.
 
     Returns rank 0's rendezvous server (it serves from a daemon thread), else None. A Horovod
-    built without Gloo keeps MPI, with one line on rank 0's stderr."""
+    built without Gloo keeps MPI, with one line on rank 0's stderr. Gloo and the rendezvous listen
+    on the cluster interface (HOROVOD_GLOO_IFACE) only; without one named, nothing starts."""
     if not wanted(env):
         return None
+    if not env.get(IFACE):
+        raise RuntimeError(f"Gloo asked for without {IFACE}: it would listen on every address of the node "
+                           "(set edgetrain_iface in the inventory)")
     if not _gloo_built():
         for name in (CONTROLLER, OPERATIONS):
             env.pop(name, None)
@@ -64,14 +81,8 @@ def set_up(env: MutableMapping[str, str] = os.environ):
     plan = get_host_assignments(parse_hosts(",".join(f"{a}:{n}" for a, n in counts.items())), comm.size)
     if [(s.rank, s.hostname) for s in plan] != list(enumerate(addresses)):
         raise RuntimeError(f"ranks are not grouped by host in rank order ({addresses}): Gloo's rendezvous cannot number them")
-    server, port = None, None
-    if comm.rank == 0:
-        from horovod.runner.http.http_server import RendezvousServer
-
-        server = RendezvousServer()
-        port = server.start()
-        server.init(plan)
-    port = comm.bcast(port, root=0)
+    server = serve(addresses[0], plan) if comm.rank == 0 else None
+    port = comm.bcast(server.server_address[1] if server else None, root=0)
     env.update(create_slot_env_vars(plan[comm.rank]))
     env.update({ADDR: addresses[0], PORT: str(port)})
     return server

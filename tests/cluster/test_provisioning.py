@@ -64,7 +64,7 @@ def test_head_reaches_every_node_and_only_head_holds_the_cluster_key(converged, 
     key = f"~{testbed.state.mpi_user}/.ssh/id_ed25519"
     assert testbed.ssh(second, f"test -e {key}", check=False).returncode == 1, "a worker holds the cluster's private key"
     authorized = testbed.ssh(third, f"cat ~{testbed.state.mpi_user}/.ssh/authorized_keys").stdout
-    assert f'from="{head.address},127.0.0.1"' in authorized
+    assert f'restrict,from="{head.address},127.0.0.1" ' in authorized
     # With head's key, but from node2's address, node3 refuses: the key is head's alone. (The testbed's
     # directory is one for all nodes, so the copy is there on node2 too.)
     stolen = f"{testbed.state.dir}/stolen-key"

@@ -484,6 +484,10 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             "docker_user_throttle": 1,
             # The testbed runs each node's engine itself (no systemd in the nodes).
             "docker_manage_service": False,
+            # Its nodes share this machine's /etc/ssh and run their own sshd (sshd_config above):
+            # the role's drop-in goes to the testbed's directory, and nothing is reloaded.
+            "ssh_mesh_sshd_config": f"{s.dir}/sshd-edgetrain.conf",
+            "ssh_mesh_sshd_reload": False,
             "docker_verify_engine": s.docker,
             "mpich_record_file": f"{s.dir}/mpich-version",
             "datasets_dir": f"{s.dir}/datasets",
