@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.controller import program as programs
 from edgetrain.shared import checkpoints, datasets
+from edgetrain.shared.job_options import JobOptions
 
 from .conftest import edgetrain, snapshot
 
@@ -158,11 +160,14 @@ def two_epochs(tmp_path):
     return root, run
 
 
-def test_resume_refuses_another_number_of_ranks_or_other_options(two_epochs):
+def test_resume_takes_another_number_of_ranks_but_refuses_other_options(two_epochs):
     root, _ = two_epochs
     before = snapshot(root)
-    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "1", "--epochs", "3", "--runs-dir", str(root))
-    assert_one_line_error(r, "trained on 2 ranks, this resume asks for 1", "--np 2", code=2)
+    # --epochs 2 stops the resume at the check after the one on ranks, before anything trains.
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "1", "--epochs", "2", "--runs-dir", str(root))
+    said = " ".join(r.stdout.split())
+    assert "resuming on 1 ranks from epoch 2, trained on 2: the learning rate, its warmup and the data shards follow 1 ranks" in said
+    assert_one_line_error(r, "already finished epoch 2", code=2)
     r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--batch-size", "32", "--runs-dir", str(root))
     assert_one_line_error(r, "was trained with --batch-size 64 (asked 32)", code=2)
     assert snapshot(root) == before
@@ -348,3 +353,29 @@ def test_runs_as_json_carry_every_status_and_what_is_damaged(existing_runs):
     run = json.loads(shown.stdout)
     assert (run["schema"], run["id"], run["status"]) == (1, "20260101-000000-lenet-abcd", "completed")
     assert run["record"]["job"] == "lenet" and run["metrics"] == [{"epoch": 1, "loss": 0.1}]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--max-restarts", "-1"), "--max-restarts -1 is not a number of restarts"),
+    (("--max-restarts", "1", "--min-nodes", "0"), "--min-nodes 0 is not a number of nodes"),
+    (("--max-restarts", "1", "--min-nodes", "2"), "--min-nodes 2 is more than the 1 nodes --np 2 is placed on"),
+])
+def test_bad_restart_options_are_one_line_before_anything_starts(tmp_path, args, fragment):
+    root = tmp_path / "runs"
+    r = edgetrain("run", "lenet", "--np", "2", *args, "--runs-dir", str(root))
+    assert_one_line_error(r, fragment, code=2)
+    assert not root.exists() or not any(root.iterdir())
+
+
+def test_a_script_without_edgetrains_checkpoints_cannot_ask_for_restarts(tmp_path):
+    plain = tmp_path / "plain" / "train.py"
+    plain.parent.mkdir()
+    plain.write_text("import horovod.tensorflow.keras as hvd\nhvd.init()\n")
+    r = edgetrain("run", str(plain), "--np", "2", "--max-restarts", "1", "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(r, "--max-restarts: train.py keeps no edgetrain checkpoints, so a restart could not resume it", code=2)
+    helped = tmp_path / "helped" / "train.py"
+    helped.parent.mkdir()
+    helped.write_text("import sys\n")
+    (helped.parent / "model.py").write_text("from edgetrain import callbacks\n")  # the helpers, from a module of its folder
+    assert programs.resolve(str(helped), [], JobOptions()).keeps_checkpoints
+    assert not programs.resolve(str(plain), [], JobOptions()).keeps_checkpoints

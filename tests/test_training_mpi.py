@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -114,6 +115,23 @@ def test_resume_continues_from_the_saved_epoch(trained):
     assert [a.resumed_from_epoch for a in attempts] == [None, 2]
     digests = final_digests(run)
     assert digests[0][-1] == digests[1][-1] != before
+
+
+def test_a_resume_on_fewer_ranks_follows_them_and_its_checkpoint_says_so(trained):
+    """A node lost: the run goes on with one rank instead of two, its rate, warmup and shards those
+    of a fresh run on one rank (a smaller global batch, so a smaller linearly scaled rate)."""
+    root, run, _ = trained
+    done = checkpoints.latest(run.checkpoints).epoch
+    result = edgetrain("run", "lenet", "--np", "1", "--epochs", str(done + 1), "--max-steps", "25", "--resume", run.id,
+                       "--runs-dir", str(root))
+    assert result.returncode == 0, result.stderr
+    assert f"resuming on 1 ranks from epoch {done}, trained on 2" in " ".join(result.stdout.split())
+    last = run.metrics()[-1]
+    assert last["epoch"] == done + 1 and last["ranks"] == 1
+    assert last["lr"] == pytest.approx(0.001 * 1 * 0.1)  # LeNet's floor, of the rate scaled for one rank
+    saved = json.loads((run.checkpoints / f"epoch-{done + 1:04d}" / checkpoints.MANIFEST).read_text())
+    assert saved["metrics"]["ranks"] == 1
+    assert [a.np for a in run.record().attempts][-2:] == [2, 1]
 
 
 def test_fashion_job_trains(tmp_path):

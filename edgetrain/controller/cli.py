@@ -67,6 +67,8 @@ def run(
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
+    max_restarts: Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")] = 0,
+    min_nodes: Annotated[int, typer.Option(help="With --max-restarts: never restart on fewer nodes than this.")] = 1,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
     options: JobOptions = JobOptions(),
@@ -75,16 +77,29 @@ def run(
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, master_port=master_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets,
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes,
                             log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
+    while True:
+        started, outcome = _attempt(req)
+        restart = launch.restart_after(started, outcome)
+        if restart is not None:
+            err_console.print(restart.said, markup=False, highlight=False, soft_wrap=True)
+        if restart is None or restart.request is None:
+            break
+        req = restart.request
+    _report(started, outcome)
+
+
+def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
+    """One start of the run: checks, what the console says before training, the training."""
     started = launch.prepare(req)
     if started.placement.oversubscribed:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
-    scaled = benching.latest(runs_dir, program.name, inventory)
+    scaled = benching.latest(req.runs_dir, req.program.name, req.inventory)
     advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
     if advice:
         err_console.print(f"edgetrain: warning: {advice}", markup=False, highlight=False, soft_wrap=True)
@@ -100,6 +115,11 @@ def run(
                       f"MPI probe over {started.placement.np} ranks in {started.runtime.probe_seconds:.1f} s")
     with ConsoleProgress(console) as bar:
         outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    return started, outcome
+
+
+def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
+    """How the run ended: a line on success, else one error with what to do next."""
     for problem in outcome.cleanup_errors:
         err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
     if outcome.state is runs.Status.COMPLETED:
@@ -295,6 +315,10 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
                       + f" ({where.runtime} runtime, {where.strategy})", highlight=False)
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()), highlight=False)
+    for n, a in enumerate(rec.attempts, 1) if len(rec.attempts) > 1 else ():
+        resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
+        left_out = "".join(f"; {node} left out ({why})" for node, why in a.excluded.items())
+        console.print(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}", markup=False, highlight=False)
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]

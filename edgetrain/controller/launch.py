@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgetrain import __version__
@@ -49,6 +49,9 @@ class RunRequest:
     resume: str | None = None
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
+    max_restarts: int = 0  # restarts on the nodes left after a node is lost
+    min_nodes: int = 1  # never restart on fewer nodes than this
+    excluded: dict[str, str] = field(default_factory=dict)  # node -> why it was left out (a restart's)
     ship_secrets: bool = False  # ship what workdir.SECRETS would leave out
     command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
     log: Callable[[str], None] = print
@@ -88,6 +91,37 @@ class Outcome:
     last_metrics: dict = field(default_factory=dict)
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
+    lost: tuple[inventory.Host, str] | None = None  # a node the watcher saw go (its container, or the way to it), and how
+
+
+@dataclass(frozen=True)
+class Restart:
+    """What follows a failed attempt under --max-restarts: the next request (None: no restart)
+    and the line that says why."""
+
+    request: RunRequest | None
+    said: str
+
+
+def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
+    """A lost node is left out and the run resumes on the nodes left, from its newest intact
+    checkpoint, while restarts and nodes remain; a rank's own failure is never retried (it would
+    fail the same way). None where no restart was asked for, or the run did not fail."""
+    req, plan = launch.request, launch.placement
+    if req.max_restarts == 0 or outcome.state is not Status.FAILED:
+        return None
+    if outcome.lost is None:
+        return Restart(None, "edgetrain: no restart: no node was lost (a rank's own failure would happen again)")
+    host, how = outcome.lost
+    left = [h for h in plan.hosts if h.name != host.name]
+    if host.name == plan.head.name:
+        return Restart(None, f"edgetrain: no restart: {host.name} was lost, and it holds rank 0 and the run's checkpoints")
+    if len(left) < req.min_nodes:
+        return Restart(None, f"edgetrain: no restart: {len(left)} node(s) left after {host.name}, fewer than --min-nodes {req.min_nodes}")
+    np = req.np - len(plan.ranks_on(host))
+    nxt = replace(req, resume=launch.run.id, np=np, max_restarts=req.max_restarts - 1, excluded={**req.excluded, host.name: how})
+    return Restart(nxt, f"edgetrain: {host.name} lost ({how}); restarting on {', '.join(h.name for h in left)} with {np} ranks "
+                        f"from the newest intact checkpoint ({nxt.max_restarts} restart(s) left)")
 
     @property
     def error(self) -> str | None:
@@ -119,6 +153,19 @@ def _check_request(req: RunRequest) -> None:
             raise UsageError(f"{flag} {port} must be between 1024 and 65000")
     if req.program.is_script:
         STRATEGIES[req.strategy].check_args(req.program.args)
+    if req.max_restarts < 0:
+        raise UsageError(f"--max-restarts {req.max_restarts} is not a number of restarts", "use 0 (the default: none) or more")
+    if req.min_nodes < 1:
+        raise UsageError(f"--min-nodes {req.min_nodes} is not a number of nodes", "use 1 or more")
+    if req.max_restarts and not req.program.keeps_checkpoints:
+        raise UsageError(f"--max-restarts: {req.program.script} keeps no edgetrain checkpoints, so a restart could not resume it",
+                         "use edgetrain.callbacks (Keras) or edgetrain.ddp (torch) in it, or drop --max-restarts")
+
+
+def _check_restarts(req: RunRequest, plan: placement.Placement) -> None:
+    if req.max_restarts and req.min_nodes > len(plan.hosts):
+        raise UsageError(f"--min-nodes {req.min_nodes} is more than the {len(plan.hosts)} nodes --np {req.np} is placed on",
+                         f"use --min-nodes {len(plan.hosts)} or less")
 
 
 def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int, log: Callable[[str], None]) -> int | None:
@@ -164,9 +211,11 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
         raise EdgetrainError(f"run {run.id} holds a {manifest.get('job')} checkpoint, not {program.name}",
                              f"resume it with: {command_of(run, str(manifest.get('job')))}")
     ranks = (manifest.get("metrics") or {}).get("ranks")
-    if program.job is not None and ranks is not None and ranks != np:
-        raise UsageError(f"run {run.id} trained on {ranks} ranks, this resume asks for {np}",
-                         f"resume with --np {ranks}: the learning rate and the data shards depend on it")
+    if ranks is not None and ranks != np:
+        # The same rule as a fresh run on np ranks: built-in jobs (and scripts that scale by their
+        # world size, as Horovod's and torch's examples do) get their rate, warmup and shards anew.
+        log(f"resuming on {np} ranks from epoch {epoch}, trained on {ranks}: the learning rate, its warmup and the data "
+            f"shards follow {np} ranks, and each update averages {np}/{ranks} of the images it did")
     saved = {k: v for k, v in (manifest.get("options") or {}).items()}
     if program.job is not None and saved and saved != program.checkpoint_options:
         diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)} (asked {program.checkpoint_options.get(k)})"
@@ -197,7 +246,9 @@ def prepare(req: RunRequest) -> Launch:
     _check_request(req)
     program = req.program
     inv = inventory.load(req.inventory)
+    inv = replace(inv, hosts=tuple(h for h in inv.hosts if h.name not in req.excluded))
     plan = placement.plan(inv, req.np, req.group, req.per_node)
+    _check_restarts(req, plan)
     program.check_ranks(req.np)
     manifest = workdir.scan(program.workdir, req.max_workdir_bytes, req.ship_secrets) if program.workdir is not None else None
     if req.resume:
@@ -258,7 +309,8 @@ def prepare(req: RunRequest) -> Launch:
 def _record(launch: Launch, inv: inventory.Inventory) -> None:
     req, run, rt, program = launch.request, launch.run, launch.runtime, launch.program
     attempt = record.Attempt(started=record.now(), command=req.command, np=req.np, mpirun=launch.argv,
-                             resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped])
+                             resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped],
+                             excluded=dict(req.excluded))
     previous = run.record().attempts if req.resume else []
     recorded = rt.record(run)
     where = record.Where(np=req.np, runtime=rt.name, strategy=req.strategy, inventory=str(inv.source),
@@ -367,7 +419,8 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         _interrupt(launch.runtime, proc, grace)
     finally:
         cleanup = _finish(launch, proc, watch, seen, state)
-    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup)
+    lost = watch.failure if watch.failure is not None and watch.failure[0] is not None else None
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup, lost=lost)
     if state == Status.FAILED:
         outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
     if seen.record_error is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -40,11 +41,39 @@ class Program:
     def is_script(self) -> bool:
         return self.script is not None
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether a restart can resume it: a built-in job, or a script (or a module of its folder)
+        that imports edgetrain's helpers, which checkpoint on rank 0 and restore on resume
+        (edgetrain.callbacks, edgetrain.ddp)."""
+        if not self.is_script:
+            return self.job is not None
+        assert self.workdir is not None
+        sources = [self.workdir / self.script, *(p for p in self.workdir.glob("*.py") if p.name != self.script)]
+        return any(_imports_helpers(p) for p in sources)
+
     def worker_args(self) -> list[str]:
         """The program part of ``edgetrain.rank.worker``'s command line."""
         if self.module is not None:
             return ["--module", "--quiet", self.module, "--", *self.args]
         return [self.script or "", "--", *self.args]
+
+
+HELPERS = ("edgetrain.callbacks", "edgetrain.ddp")
+
+
+def _imports_helpers(source: Path) -> bool:
+    try:
+        tree = ast.parse(source.read_text(errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name in HELPERS for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module is not None and (
+                node.module in HELPERS or (node.module == "edgetrain" and any(f"edgetrain.{a.name}" in HELPERS for a in node.names))):
+            return True
+    return False
 
 
 def parse_options(given: list[str]) -> dict[str, str]:
