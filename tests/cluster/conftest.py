@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from edgetrain.controller import containers
+from edgetrain.shared import runs
 from edgetrain.shared import datasets
 from tests.conftest import edgetrain
 
@@ -211,6 +212,10 @@ class Cluster:
 
     def run_json(self, run_id: str) -> dict:
         return json.loads((self.runs / run_id / "run.json").read_text())
+
+    def metrics(self, run_id: str) -> list[dict]:
+        """The run's epochs, as rank 0's node gave them back."""
+        return runs.Run(self.runs / run_id).metrics()
 
     def run_ids(self) -> set[str]:
         """The runs in this cluster's runs directory, as ``edgetrain runs list --json`` lists them."""

@@ -153,14 +153,50 @@ def test_a_link_going_dark_ends_the_run_naming_the_node(faults, report, node):
                                          f"(lease {LEASE} s); resumed from epoch {resumed}")
 
 
-def test_a_killed_controller_leaves_containers_that_end_themselves(faults, report):
+def test_a_lost_worker_node_is_left_out_and_the_run_completes_on_the_nodes_left(faults, report):
+    """--max-restarts: node3's link goes dark after the first checkpoint; the run notices, leaves
+    node3 out, resumes on node1 and node2 from its newest checkpoint and completes, no command typed."""
+    with LongRun(faults, "--max-restarts", "1", epochs=4) as job:
+        rid = job.checkpoint(1)
+        node3 = next(n for n in faults.bed.state.nodes if n.name == "node3")
+        cut = time.monotonic()
+        run("ip", "link", "set", node3.veth, "down")
+        try:
+            job._until("restart", lambda: any("restarting on node1, node2" in line for line in job.err), 180)
+            noticed = time.monotonic() - cut
+            code, _, err = job.wait(600)
+            total = time.monotonic() - cut
+        finally:
+            run("ip", "link", "set", node3.veth, "up")
+            faults.bed.wait_ssh(node3)
+        gone_within(faults, LEASE + 30)
+    assert code == 0, err[-3000:]
+    assert "edgetrain: node3 lost (unreachable" in err and "with 2 ranks from the newest intact checkpoint (0 restart(s) left)" in err, err
+    info = faults.run_json(rid)
+    assert info["status"] == "completed", info
+    first, second = info["attempts"]
+    assert first["np"] == 3 and second["np"] == 2 and list(second["excluded"]) == ["node3"]
+    assert second["resumed_from_epoch"] >= 1 and [h["host"] for h in info["placement"]["hosts"]] == ["node1", "node2"]
+    epochs = [m["epoch"] for m in faults.metrics(rid)]
+    assert epochs[-1] == 4 and faults.metrics(rid)[-1]["ranks"] == 2
+    report["fault: node3 link cut, --max-restarts 1"] = (
+        f"restart began {noticed:.0f} s after the cut, resumed from epoch {second['resumed_from_epoch']} on 2 nodes, "
+        f"completed {total:.0f} s after the cut; epochs recorded {epochs}")
+
+
+def test_a_killed_controller_leaves_containers_that_end_themselves(faults, report, tmp_path):
     with LongRun(faults) as job:
         rid = job.checkpoint()
         job.proc.kill()  # SIGKILL: nothing of ours runs
         job.wait(30)
         killed = time.monotonic()
         shown = edgetrain("runs", "show", rid, env=faults.env)
+        # Another runs directory cannot tell this run from another controller's: its containers,
+        # their leases not yet run out, are not proven dead, and stay.
+        elsewhere = edgetrain("clean", "-i", faults.inventory, "--runs-dir", str(tmp_path / "elsewhere"), env=faults.env)
         cleared = gone_within(faults, LEASE + 30)
+    assert elsewhere.returncode == 0 and "0 container(s) removed, 3 kept" in elsewhere.stdout, elsewhere.stdout + elsewhere.stderr
+    assert elsewhere.stdout.count("another controller renewed its lease") == 3, elsewhere.stdout
     assert "status abandoned" in shown.stdout and f"--resume {rid}" in shown.stdout, shown.stdout
     assert cleared <= LEASE + 30 and time.monotonic() - killed >= cleared
     resumed = resume_completes(faults, rid)
