@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from edgetrain.controller import containers
-from edgetrain.shared import runs
-from edgetrain.shared import datasets
+from edgetrain.shared import datasets, runs
 from tests.conftest import edgetrain
 
 from .emulation import PI4_RATES, Emulation, calibrate
