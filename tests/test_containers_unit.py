@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -223,3 +225,12 @@ def test_the_containers_command_is_its_lease_which_the_ranks_cannot_renew():
     assert argv[at + 7] == "edgetrain-sshd"
     assert f"/home/mpi/runs/r/.lease:{containers.RUN_MOUNT}/.lease:ro" in argv
     assert f"{containers.LEASE_LABEL}=/home/mpi/runs/r/.lease/renewed" in argv
+
+
+def test_a_node_that_refuses_a_new_connection_does_not_answer():
+    """The second opinion before a node is called lost: a new connection, not the shared one."""
+    refused = replace(host("n1"), address="127.0.0.1", port=1)  # nothing listens on loopback port 1
+    with Nodes() as nodes:
+        begun = time.monotonic()
+        assert not nodes.answers(refused) and time.monotonic() - begun < 10
+        assert nodes.answers(replace(host("here"), connection="local"))

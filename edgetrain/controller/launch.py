@@ -339,11 +339,12 @@ FAILED_GRACE = 30.0
 
 class _Watch(threading.Thread):
     """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
-    seconds), a node unreachable on two checks in a row, or no output at all for ``hang_timeout``.
+    seconds), a node out of reach, or no output at all for ``hang_timeout``.
 
-    A check of an unreachable node takes ssh's keepalive or connect timeout (about 15 s), so two
-    of them mean a node out of reach for half a minute: Hydra's own ssh gives up after 15 s, and
-    MPICH cannot carry on without the node anyway."""
+    A node is out of reach when the shared connection to it failed (ssh's keepalives unanswered
+    for about 15 s) and a new connection did not answer either (the runtime's ``states``): about
+    25 s from a link going dark. Hydra's own ssh gives up after 15 s, and MPICH cannot carry on
+    without the node anyway."""
 
     def __init__(self, launch: Launch, hang_timeout: float, interval: float = 2.0) -> None:
         super().__init__(daemon=True)
@@ -360,7 +361,6 @@ class _Watch(threading.Thread):
         self.launch.runtime.stop()
 
     def run(self) -> None:
-        unreachable: set[str] = set()
         while not self.finished.wait(self.interval):
             now = time.monotonic()
             if now - self.last_output > self.hang_timeout:
@@ -373,15 +373,9 @@ class _Watch(threading.Thread):
                 continue
             if self.finished.is_set():
                 return
-            for st in states:
-                if st.alive:
-                    unreachable.discard(st.host.name)
-                elif st.detail.startswith("unreachable"):
-                    if st.host.name in unreachable:
-                        return self._fail(st.host, f"{st.detail} (out of reach on two checks in a row)")
-                    unreachable.add(st.host.name)
-                else:
-                    return self._fail(st.host, st.detail)
+            dead = next((st for st in states if not st.alive), None)
+            if dead is not None:
+                return self._fail(dead.host, dead.detail)
 
 
 def _die_with_parent() -> None:

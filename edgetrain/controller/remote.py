@@ -111,14 +111,18 @@ class _Unpacking:
 
 # Seconds until ssh gives up on a node: to connect, or once a connection's keepalives go unanswered.
 SSH_TIMEOUT = 15
+# A new connection's time to answer once the shared one broke. The TCP handshake is the kernel's
+# and the SSH handshake a Pi's sshd does in a fraction of a second even while training, so only a
+# node out of reach takes this long.
+CONFIRM_TIMEOUT = 10
 
 
-def ssh_command(host: Host, *options: str) -> list[str]:
+def ssh_command(host: Host, *options: str, connect_timeout: int = SSH_TIMEOUT) -> list[str]:
     """ssh to a node with the inventory's address, port, user, key and extra arguments."""
     hv = host.vars
     # Keepalives: a link that goes dark (packets dropped, no reset) ends the connection in ~15 s
     # instead of TCP's minutes, so no call to a node can hang the controller.
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT}", "-o", f"ServerAliveInterval={SSH_TIMEOUT // 3}",
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout}", "-o", f"ServerAliveInterval={SSH_TIMEOUT // 3}",
            "-o", "ServerAliveCountMax=3", "-p", str(host.port), *options]
     if hv.get("ansible_ssh_private_key_file"):
         cmd += ["-i", str(hv["ansible_ssh_private_key_file"])]
@@ -164,6 +168,17 @@ class Nodes:
         except subprocess.TimeoutExpired:
             raise EdgetrainError(f"{host.name} did not answer within {timeout:.0f} s: {shlex.join(command)}",
                                  "check that the node is up and reachable") from None
+
+    def answers(self, host: Host, seconds: int = CONFIRM_TIMEOUT) -> bool:
+        """Whether a new connection (not the shared one, which may be what broke) reaches the node
+        and runs a command within ``seconds``: the second opinion before a node is called lost."""
+        if host.is_local:
+            return True
+        argv = [*ssh_command(host, "-o", "ControlPath=none", connect_timeout=seconds), "true"]
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def check(self, host: Host, command: list[str], what: str, fix: str | None = None, **kw) -> str:
         """Run a command that must succeed; its stdout, or one error naming the node and the cause."""
