@@ -359,6 +359,7 @@ def test_runs_as_json_carry_every_status_and_what_is_damaged(existing_runs):
     (("--max-restarts", "-1"), "--max-restarts -1 is not a number of restarts"),
     (("--max-restarts", "1", "--min-nodes", "0"), "--min-nodes 0 is not a number of nodes"),
     (("--max-restarts", "1", "--min-nodes", "2"), "--min-nodes 2 is more than the 1 nodes --np 2 is placed on"),
+    (("--rejoin",), "--rejoin takes back a node a restart left out, and no restart was asked for"),
 ])
 def test_bad_restart_options_are_one_line_before_anything_starts(tmp_path, args, fragment):
     root = tmp_path / "runs"

@@ -69,6 +69,7 @@ def run(
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
     max_restarts: Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")] = 0,
     min_nodes: Annotated[int, typer.Option(help="With --max-restarts: never restart on fewer nodes than this.")] = 1,
+    rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
     options: JobOptions = JobOptions(),
@@ -77,7 +78,7 @@ def run(
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, master_port=master_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes,
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes, rejoin=rejoin,
                             log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgetrain import __version__
-from edgetrain.controller import blame, inventory, placement, requirements, runtimes
+from edgetrain.controller import blame, containers, inventory, placement, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
@@ -51,7 +51,9 @@ class RunRequest:
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
     max_restarts: int = 0  # restarts on the nodes left after a node is lost
     min_nodes: int = 1  # never restart on fewer nodes than this
+    rejoin: bool = False  # take a left-out node back at the first epoch after it answers again
     excluded: dict[str, str] = field(default_factory=dict)  # node -> why it was left out (a restart's)
+    np_asked: int | None = None  # the --np asked for, once a restart has changed np
     ship_secrets: bool = False  # ship what workdir.SECRETS would leave out
     command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
     log: Callable[[str], None] = print
@@ -92,6 +94,7 @@ class Outcome:
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
     lost: tuple[inventory.Host, str] | None = None  # a node the watcher saw go (its container, or the way to it), and how
+    back: inventory.Host | None = None  # a left-out node that answered again: the attempt was ended to take it back (--rejoin)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,14 @@ class Restart:
     said: str
 
 
+def _taken_back(req: RunRequest, run: runs.Run, host: inventory.Host) -> RunRequest:
+    """The request that resumes ``run`` with ``host`` back: the ranks it can take, up to the --np
+    first asked for."""
+    excluded = {k: v for k, v in req.excluded.items() if k != host.name}
+    np = min(req.np + host.slots, req.np_asked or req.np)
+    return replace(req, resume=run.id, np=np, excluded=excluded)
+
+
 def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
     """A lost node is left out and the run resumes on the nodes left, from its newest intact
     checkpoint, while restarts and nodes remain; a rank's own failure is never retried (it would
@@ -110,6 +121,10 @@ def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
     req, plan = launch.request, launch.placement
     if req.max_restarts == 0 or outcome.state is not Status.FAILED:
         return None
+    if outcome.back is not None:
+        nxt = _taken_back(req, launch.run, outcome.back)
+        return Restart(nxt, f"edgetrain: {outcome.back.name} answers again; restarting on {len(plan.hosts) + 1} nodes with "
+                            f"{nxt.np} ranks from the newest intact checkpoint")
     if outcome.lost is None:
         return Restart(None, "edgetrain: no restart: no node was lost (a rank's own failure would happen again)")
     host, how = outcome.lost
@@ -119,7 +134,8 @@ def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
     if len(left) < req.min_nodes:
         return Restart(None, f"edgetrain: no restart: {len(left)} node(s) left after {host.name}, fewer than --min-nodes {req.min_nodes}")
     np = req.np - len(plan.ranks_on(host))
-    nxt = replace(req, resume=launch.run.id, np=np, max_restarts=req.max_restarts - 1, excluded={**req.excluded, host.name: how})
+    nxt = replace(req, resume=launch.run.id, np=np, np_asked=req.np_asked or req.np, max_restarts=req.max_restarts - 1,
+                  excluded={**req.excluded, host.name: how})
     return Restart(nxt, f"edgetrain: {host.name} lost ({how}); restarting on {', '.join(h.name for h in left)} with {np} ranks "
                         f"from the newest intact checkpoint ({nxt.max_restarts} restart(s) left)")
 
@@ -157,6 +173,8 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"--max-restarts {req.max_restarts} is not a number of restarts", "use 0 (the default: none) or more")
     if req.min_nodes < 1:
         raise UsageError(f"--min-nodes {req.min_nodes} is not a number of nodes", "use 1 or more")
+    if req.rejoin and not req.max_restarts:
+        raise UsageError("--rejoin takes back a node a restart left out, and no restart was asked for", "add --max-restarts K")
     if req.max_restarts and not req.program.keeps_checkpoints:
         raise UsageError(f"--max-restarts: {req.program.script} keeps no edgetrain checkpoints, so a restart could not resume it",
                          "use edgetrain.callbacks (Keras) or edgetrain.ddp (torch) in it, or drop --max-restarts")
@@ -355,6 +373,10 @@ class _Watch(threading.Thread):
         self.rank_failed: float | None = None
         self.failure: tuple[inventory.Host | None, str] | None = None
         self.finished = threading.Event()
+        # --rejoin: the epoch rank 0 trains (its step events), and the left-out node found back.
+        self.epoch = 0
+        self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
+        self.back: inventory.Host | None = None
 
     def _fail(self, host: inventory.Host | None, why: str) -> None:
         self.failure = (host, why)
@@ -367,6 +389,8 @@ class _Watch(threading.Thread):
                 return self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
             if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
                 return self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
+            if self._took_back():
+                return
             try:
                 states = self.launch.runtime.states()
             except EdgetrainError:
@@ -376,6 +400,25 @@ class _Watch(threading.Thread):
             dead = next((st for st in states if not st.alive), None)
             if dead is not None:
                 return self._fail(dead.host, dead.detail)
+
+
+    def _took_back(self) -> bool:
+        """Once an epoch begins (the one before is checkpointed), look for the left-out nodes; one
+        that answers and no longer runs this run's old container ends the attempt, to be taken back."""
+        req = self.launch.request
+        if not (req.rejoin and req.excluded) or self.epoch <= self.looked_at:
+            return False
+        self.looked_at = self.epoch
+        nodes, name = self.launch.runtime.nodes, f"edgetrain-{self.launch.run.id}"
+        for host in (h for h in inventory.load(req.inventory).hosts if h.name in req.excluded):
+            try:
+                if nodes.answers(host) and name not in containers.leftovers(nodes, host):
+                    self.back = host
+                    self.launch.runtime.stop()
+                    return True
+            except EdgetrainError:
+                continue  # not back yet
+        return False
 
 
 def _die_with_parent() -> None:
@@ -407,14 +450,16 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         code = _exit_code(proc.wait(), seen, on_output)
         if code != 0 and watch.failure is None:
             _await_dead_node(launch.runtime, watch)
-        state = Status.COMPLETED if code == 0 and watch.failure is None and seen.record_error is None else Status.FAILED
+        state = (Status.COMPLETED if code == 0 and watch.failure is None and watch.back is None and seen.record_error is None
+                 else Status.FAILED)
     except KeyboardInterrupt:
         state, code = Status.INTERRUPTED, 130
         _interrupt(launch.runtime, proc, grace)
     finally:
         cleanup = _finish(launch, proc, watch, seen, state)
     lost = watch.failure if watch.failure is not None and watch.failure[0] is not None else None
-    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup, lost=lost)
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup,
+                      lost=lost, back=watch.back)
     if state == Status.FAILED:
         outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
     if seen.record_error is not None:
@@ -466,6 +511,8 @@ def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on
 
 def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
     kind = event["event"]
+    if kind == "step":
+        watch.epoch = event["epoch"]
     if kind in ("step", "keras") and seen.first_step is None:
         seen.first_step = time.monotonic() - launch.started
     elif kind == "epoch":
