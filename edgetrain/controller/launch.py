@@ -448,7 +448,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     try:
         _pump(launch, proc, watch, seen, on_event, on_output)
         code = _exit_code(proc.wait(), seen, on_output)
-        if code != 0 and watch.failure is None:
+        if code != 0 and watch.failure is None and watch.back is None:
             _await_dead_node(launch.runtime, watch)
         state = (Status.COMPLETED if code == 0 and watch.failure is None and watch.back is None and seen.record_error is None
                  else Status.FAILED)
