@@ -117,6 +117,17 @@ def test_mpiruns_output_is_kept_in_bounded_memory():
     assert len(seen.output) == launch.OUTPUT_LINES and list(seen.output)[-1] == f"line {lines - 1}"
 
 
+def test_a_line_without_end_is_read_in_bounded_pieces():
+    chars = launch.LINE_CHARS * 40
+    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write('x' * {chars}); sys.stdout.flush()"],
+                            stdout=subprocess.PIPE, text=True)
+    seen = launch._Seen()
+    pieces = []
+    launch._pump(SimpleNamespace(events_token="0" * 16), proc, SimpleNamespace(last_output=0.0), seen, lambda e: None, pieces.append)
+    proc.wait()
+    assert sum(map(len, pieces)) == chars and max(map(len, pieces)) <= launch.LINE_CHARS
+
+
 def test_a_rank_logs_tail_is_read_in_bounded_memory(tmp_path):
     """A rank that printed 48 MB, most of it without a newline."""
     run = runs.Run(tmp_path)

@@ -468,6 +468,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
 
 
 OUTPUT_LINES = 5000  # of mpirun's output kept in memory (a run may print without end)
+LINE_CHARS = 64 * 1024  # the longest piece of one line read at once
 
 
 @dataclass
@@ -497,7 +498,9 @@ def _mark_running(launch: Launch) -> None:
 def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on_event: Callable[[dict], None],
           on_output: Callable[[str], None]) -> None:
     assert proc.stdout is not None
-    for line in proc.stdout:
+    # A line is read up to LINE_CHARS at a time: a program that prints without a newline is text
+    # in pieces, not a line that grows in memory without end.
+    for line in iter(lambda: proc.stdout.readline(LINE_CHARS), ""):
         if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
             watch.last_output = time.monotonic()
         for piece in progress.parse(line, launch.events_token):
