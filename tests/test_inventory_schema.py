@@ -20,8 +20,9 @@ from .test_cli_errors import assert_one_line_error
 GOOD = {"edgetrain_arch": "aarch64", "edgetrain_slots": 1, "edgetrain_iface": "eth0", "edgetrain_mpi_user": "mpi"}
 
 
-def write(tmp_path, **node2) -> str:
-    hosts = {"n1": {"ansible_host": "198.18.250.11"}, "n2": {"ansible_host": "198.18.250.12", **node2}}
+def write(tmp_path, addresses: tuple[str, str] = ("198.18.250.11", "198.18.250.12"), **node2) -> str:
+    """Two hosts; node2 with the variables given. The play stops before it contacts either."""
+    hosts = {"n1": {"ansible_host": addresses[0]}, "n2": {"ansible_host": addresses[1], **node2}}
     inv = {"cluster": {"children": {"head": {"hosts": {"n1": None}}, "rpi": {"hosts": hosts}}, "vars": GOOD}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(inv))

@@ -5,7 +5,6 @@ one line naming the host and the variable. The play stops on the controller: no 
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from edgetrain.controller import inventory
 from edgetrain.shared.errors import EdgetrainError
@@ -13,7 +12,7 @@ from tests.cluster.playbook import Playbook
 from tests.conftest import ROOT, edgetrain
 
 from .test_cli_errors import assert_one_line_error
-from .test_inventory_schema import GOOD
+from .test_inventory_schema import write as write_inventory
 
 USER = "is not a user name (letters, digits, '.', '-' and '_', not starting with '-')"
 ADDRESS = ("is not a host name or IPv4 address (letters, digits, '.', '-' and '_', not starting with '-'; "
@@ -24,14 +23,9 @@ DATASETS_DIR = ("must be an absolute path without ':' or control characters "
                 "(the datasets role needs it absolute, a container's volume takes no ':')")
 
 
-
 def write(tmp_path, **node2) -> str:
     """Two hosts on loopback addresses: a value that got through would reach no other machine."""
-    hosts = {"n1": {"ansible_host": "127.0.0.11"}, "n2": {"ansible_host": "127.0.0.12", **node2}}
-    inv = {"cluster": {"children": {"head": {"hosts": {"n1": None}}, "rpi": {"hosts": hosts}}, "vars": GOOD}}
-    path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump(inv))
-    return str(path)
+    return write_inventory(tmp_path, ("127.0.0.11", "127.0.0.12"), **node2)
 
 
 CASES = {
