@@ -360,6 +360,7 @@ def test_runs_as_json_carry_every_status_and_what_is_damaged(existing_runs):
     (("--max-restarts", "1", "--min-nodes", "0"), "--min-nodes 0 is not a number of nodes"),
     (("--max-restarts", "1", "--min-nodes", "2"), "--min-nodes 2 is more than the 1 nodes --np 2 is placed on"),
     (("--rejoin",), "--rejoin takes back a node a restart left out, and no restart was asked for"),
+    (("--ps", "1"), "--ps is for --strategy tf-ps"),
 ])
 def test_bad_restart_options_are_one_line_before_anything_starts(tmp_path, args, fragment):
     root = tmp_path / "runs"
@@ -380,3 +381,12 @@ def test_a_script_without_edgetrains_checkpoints_cannot_ask_for_restarts(tmp_pat
     (helped.parent / "model.py").write_text("from edgetrain import callbacks\n")  # the helpers, from a module of its folder
     assert programs.resolve(str(helped), [], JobOptions()).keeps_checkpoints
     assert not programs.resolve(str(plain), [], JobOptions()).keeps_checkpoints
+
+
+@pytest.mark.parametrize("np, ps", [("4", "0"), ("4", "3"), ("2", "1")])
+def test_parameter_servers_that_leave_no_worker_are_one_line(tmp_path, np, ps):
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import tensorflow as tf\n")
+    r = edgetrain("run", str(script), "--strategy", "tf-ps", "--np", np, "--ps", ps, "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(r, f"--ps {ps} with --np {np} leaves no worker", code=2)

@@ -107,6 +107,32 @@ def test_multiworker_example_runs_with_tf_config_written_per_worker(tmp_path):
     assert "horovod" not in run.log(1).read_text().lower()
 
 
+def test_parameter_server_example_trains_on_the_chief_with_servers_that_end_with_it(tmp_path):
+    """--strategy tf-ps: rank 0 the chief running the script, rank 1 a parameter server, ranks 2
+    and 3 workers running edgetrain's own TensorFlow servers; the run ends, clean, when the chief does."""
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(EXAMPLES / "parameter_server" / "train.py"), "--np", "4", "--strategy", "tf-ps", "--ps", "1",
+                  "--dataset", "fashion-mnist", "--runs-dir", str(root), "--", "--epochs", "2", "--steps-per-epoch", "20", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    run = only_run(root)
+    assert (run.path / "work" / "keras-model" / "saved_model.pb").is_file()
+    accuracy = float(next(line.split()[-1] for line in r.stdout.splitlines() if line.startswith("test accuracy")))
+    assert accuracy > 0.5, r.stdout  # ten classes: chance is 0.1
+    assert run.record().placement.strategy == "tf-ps" and run.record().status == "completed"
+    for rank, role in ((1, "ps 0"), (2, "worker 0"), (3, "worker 1")):
+        assert f"edgetrain: {role} serving at grpc://localhost:" in run.log(rank).read_text()
+
+
+def test_a_chief_that_never_builds_a_parameter_server_strategy_is_named_not_a_hang(tmp_path):
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import tensorflow as tf\nprint('no strategy here')\n")
+    r = edgetrain("run", str(script), "--np", "3", "--strategy", "tf-ps", "--runs-dir", str(tmp_path / "runs"), timeout=300)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert "rank 0 on" in last and "without building a tf.distribute.ParameterServerStrategy" in last, last
+
+
 def test_a_script_that_raises_on_one_rank_is_named(tmp_path):
     root = tmp_path / "runs"
     r = edgetrain("run", str(SCRIPTS / "raises.py"), "--np", "2", "--runs-dir", str(root), timeout=120)

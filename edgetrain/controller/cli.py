@@ -29,7 +29,7 @@ from edgetrain.controller import inventory as inventories
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, Torch
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, TfParameterServer, Torch
 from edgetrain.controller.remote import Nodes
 
 app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
@@ -58,7 +58,8 @@ def run(
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
     strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
-    tf_port: Annotated[int, typer.Option(help="tf-multiworker: first port of each host's workers.")] = TfMultiWorker.default_port,
+    tf_port: Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")] = TfMultiWorker.default_port,
+    ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
     master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
@@ -77,7 +78,7 @@ def run(
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
-                            tf_port=tf_port, master_port=master_port, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                            tf_port=tf_port, master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
                             max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes, rejoin=rejoin,
                             log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.

@@ -44,6 +44,7 @@ class RunRequest:
     strategy: str = DEFAULT
     tf_port: int = TfMultiWorker.default_port
     master_port: int = Torch.default_port  # torch's MASTER_PORT on rank 0's host
+    ps: int | None = None  # tf-ps: parameter servers (None: the strategy's default)
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
     resume: str | None = None
@@ -169,6 +170,7 @@ def _check_request(req: RunRequest) -> None:
             raise UsageError(f"{flag} {port} must be between 1024 and 65000")
     if req.program.is_script:
         STRATEGIES[req.strategy].check_args(req.program.args)
+    STRATEGIES[req.strategy].check_tasks(req.np, req.ps)
     if req.max_restarts < 0:
         raise UsageError(f"--max-restarts {req.max_restarts} is not a number of restarts", "use 0 (the default: none) or more")
     if req.min_nodes < 1:
@@ -297,7 +299,7 @@ def prepare(req: RunRequest) -> Launch:
         worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
                   "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name,
                   "--events-token", token]
-        worker += strategy.worker_args(plan, base_port)
+        worker += strategy.worker_args(plan, base_port, req.ps)
         if resumed_epoch is not None:
             worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
         worker += program.worker_args()

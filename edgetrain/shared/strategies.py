@@ -76,8 +76,13 @@ class Strategy:
     def check_args(self, args: tuple[str, ...]) -> None:
         """Refuse script arguments this strategy cannot give the ranks (UsageError)."""
 
-    def worker_args(self, plan: Placement, base_port: int) -> list[str]:
-        """What every rank's worker is told, on its command line."""
+    def check_tasks(self, np: int, ps: int | None) -> None:
+        """Refuse a split of the ranks into kinds of tasks (``--ps``) this strategy does not make."""
+        if ps is not None:
+            raise UsageError(f"--ps is for --strategy {TfParameterServer.name}", f"drop --ps, or pass --strategy {TfParameterServer.name}")
+
+    def worker_args(self, plan: Placement, base_port: int, ps: int | None = None) -> list[str]:
+        """What every rank's worker is told, on its command line (``ps``: --ps, for tf-ps)."""
         return []
 
     # -- in each rank -------------------------------------------------------------------------
@@ -138,13 +143,8 @@ class TfMultiWorker(Strategy):
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         return {host.name: [base_port + i for i in range(n)] for host, n in plan.ranks}
 
-    def worker_args(self, plan: Placement, base_port: int) -> list[str]:
-        ports = self.ports(plan, base_port)
-        workers = []
-        for host, _ in plan.ranks:
-            address = host.address if not host.is_local or len(plan.hosts) > 1 else "localhost"
-            workers += [f"{address}:{p}" for p in ports[host.name]]
-        return ["--peers", ",".join(workers)]
+    def worker_args(self, plan: Placement, base_port: int, ps: int | None = None) -> list[str]:
+        return ["--peers", ",".join(task_addresses(plan, self.ports(plan, base_port)))]
 
     def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         os.environ["TF_CONFIG"] = tf_config(peers.split(","), rank)
@@ -156,6 +156,67 @@ class TfMultiWorker(Strategy):
 
 def tf_config(workers: list[str], index: int) -> str:
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
+def task_addresses(plan: Placement, ports: dict[str, list[int]]) -> list[str]:
+    """host:port of every rank's TensorFlow task, in rank order (localhost on a lone local host)."""
+    found = []
+    for host, n in plan.ranks:
+        address = host.address if not host.is_local or len(plan.hosts) > 1 else "localhost"
+        found += [f"{address}:{p}" for p in ports[host.name][:n]]
+    return found
+
+
+class TfParameterServer(Strategy):
+    """Rank 0 is the chief and runs the script (ParameterServerStrategy, ClusterCoordinator, as
+    TensorFlow's guide writes it); ranks 1..P are parameter servers and the rest workers, each an
+    in-process TensorFlow server of edgetrain's own. The servers end when the chief ends: each
+    holds a connection to the chief's lifeline port, which closes with the chief's process."""
+
+    name = "tf-ps"
+    help = "TensorFlow's ParameterServerStrategy: the script on the chief (rank 0), --ps parameter servers, workers on the rest"
+    needs = "tensorflow"
+    port_option = "tf_port"
+    default_port = TfMultiWorker.default_port
+    default_ps = 1  # --ps
+
+    def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
+        # A task's port each, and on the head one more: the chief's lifeline.
+        return {host.name: [base_port + i for i in range(n + (host.name == plan.head.name))] for host, n in plan.ranks}
+
+    def check_tasks(self, np: int, ps: int | None) -> None:
+        ps = self.default_ps if ps is None else ps
+        if not 1 <= ps <= np - 2:
+            raise UsageError(f"--ps {ps} with --np {np} leaves no worker: --np counts the chief, the parameter servers and "
+                             "the workers", "e.g. --np 4 --ps 1: a chief, one parameter server, two workers")
+
+    def worker_args(self, plan: Placement, base_port: int, ps: int | None = None) -> list[str]:
+        ports = self.ports(plan, base_port)
+        tasks = task_addresses(plan, ports)
+        lifeline = f"{tasks[0].rsplit(':', 1)[0]}:{ports[plan.head.name][-1]}"
+        layout = {"tasks": tasks, "ps": self.default_ps if ps is None else ps, "lifeline": lifeline}
+        return ["--peers", json.dumps(layout, separators=(",", ":"))]
+
+    def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
+        from edgetrain.rank import tf_ps
+
+        layout = tf_ps.Layout.parse(peers)
+        os.environ["TF_CONFIG"] = layout.tf_config(rank)
+        if rank == 0:
+            tf_ps.become_chief(layout)
+            return args
+        tf_ps.serve(layout, rank)  # until the chief ends; the program does not run here
+        raise SystemExit(0)
+
+    def unmet(self, size: int) -> Unmet | None:
+        from edgetrain.rank import tf_ps
+
+        if tf_ps.role() == "chief" and not tf_ps.strategy_built():
+            return Unmet("the script ended without building a tf.distribute.ParameterServerStrategy, so the "
+                         "parameter servers and workers were never used",
+                         "build one from tf.distribute.cluster_resolver.TFConfigClusterResolver() (examples/parameter_server), "
+                         "or pass the strategy the script is written for", Kind.NO_INIT)
+        return None
 
 
 class Torch(Strategy):
@@ -208,5 +269,5 @@ class Torch(Strategy):
         return None
 
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker(), Torch())}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker(), TfParameterServer(), Torch())}
 DEFAULT = Horovod.name
