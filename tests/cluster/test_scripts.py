@@ -110,6 +110,25 @@ def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
     assert cluster.leftovers() == {}
 
 
+def test_parameter_server_strategy_trains_across_the_nodes(cluster, report):
+    """tf-ps over the containers: the chief and the parameter server on node1, a worker on each of
+    node2 and node3; the servers end with the chief, and nothing is left."""
+    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
+    r = edgetrain("run", str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4", "--strategy", "tf-ps", "--ps", "1",
+                  "--dataset", "fashion-mnist", "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20",
+                  env=cluster.env, timeout=1200)
+    after = cluster.bed.link_bytes()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = cluster.new_run(runs_before)
+    assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
+    logs = {rank: (cluster.runs / run_id / f"rank.{rank}.log").read_text() for rank in (1, 2, 3)}
+    assert "edgetrain: ps 0 serving" in logs[1] and "edgetrain: worker 0 serving" in logs[2] and "edgetrain: worker 1 serving" in logs[3]
+    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+    assert moved["node2"] > 1 and moved["node3"] > 1, moved  # the workers pulled variables and pushed gradients
+    report["tf-ps example np 4 (chief and ps on node1), 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    assert cluster.leftovers() == {}
+
+
 def test_a_script_that_raises_on_a_worker_node_is_named_and_nothing_is_left(cluster):
     runs_before = cluster.run_ids()
     r = edgetrain("run", str(ROOT / "tests" / "scripts" / "raises.py"), "--np", "4", "-i", cluster.inventory,
