@@ -185,9 +185,12 @@ def test_a_lost_worker_node_is_left_out_then_taken_back_and_the_run_completes(fa
     assert metrics[-1]["epoch"] == 12 and metrics[-1]["ranks"] == 3
     shrunk = [m["epoch"] for m in metrics if m["ranks"] == 2]
     assert shrunk, metrics  # some epochs trained on the two nodes left
+    shrunk_attempt, back_attempt = info["attempts"][1], info["attempts"][2]
     report["fault: node3 link cut, --max-restarts 1 --rejoin"] = (
-        f"restart began {noticed:.0f} s after the cut (resumed from epoch {info['attempts'][1]['resumed_from_epoch']} on 2 nodes, "
-        f"epochs {shrunk[0]}-{shrunk[-1]} there); node3 taken back {back:.0f} s after the cut; completed {total:.0f} s after it")
+        f"restart began {noticed:.0f} s after the cut; its launch (teardown done: preflight, containers, probe, restore) to "
+        f"first step {shrunk_attempt['first_step_s']} s, resumed from epoch {shrunk_attempt['resumed_from_epoch']} on 2 nodes "
+        f"(epochs {shrunk[0]}-{shrunk[-1]} there); node3 taken back {back:.0f} s after the cut, launch to first step "
+        f"{back_attempt['first_step_s']} s; completed {total:.0f} s after the cut")
 
 
 def test_a_killed_controller_leaves_containers_that_end_themselves(faults, report, tmp_path):
