@@ -117,13 +117,13 @@ def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
                       f"MPI probe over {started.placement.np} ranks in {started.runtime.probe_seconds:.1f} s")
     with ConsoleProgress(console) as bar:
         outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    for problem in outcome.cleanup_errors:
+        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
     return started, outcome
 
 
 def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     """How the run ended: a line on success, else one error with what to do next."""
-    for problem in outcome.cleanup_errors:
-        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
     if outcome.state is runs.Status.COMPLETED:
         m = outcome.last_metrics
         done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if "val_accuracy" in m else ""
