@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import posixpath
 import shlex
 import shutil
 import signal
@@ -204,24 +205,12 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
             raise EdgetrainError(f"run {run.id} has no checkpoint on {head.name} to resume from",
                                  f"start a new run: edgetrain run {program.name}")
         return None
-    damaged = []
+    damaged: list[str] = []
     for name in reversed(found):
-        where = f"{ckpt_dir}/{name}"
-        try:
-            manifest = checkpoints.check(json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"],
-                                                                   "reading the checkpoint manifest")))
-            files = manifest["files"]
-            epoch = int(manifest["epoch"])
-        except (ValueError, KeyError, TypeError):
-            damaged.append(f"{name} (its manifest is damaged)")
-            continue
-        checklist = "".join(f"{digest}  {file}\n" for file, digest in files.items())
-        check = rt.nodes.run(head, ["sh", "-c", f"cd {shlex.quote(where)} && sha256sum -c --quiet -"], input=checklist)
-        if check.returncode != 0:
-            bad = (check.stdout.strip().splitlines() or check.stderr.strip().splitlines() or ["?"])[0]
-            damaged.append(f"{name} ({bad.replace(': FAILED', ' does not match its manifest')})")
-            continue
-        break
+        manifest = _intact(rt, head, f"{ckpt_dir}/{name}", damaged)
+        if manifest is not None:
+            epoch = manifest["epoch"]
+            break
     else:
         raise EdgetrainError(f"run {run.id} has no intact checkpoint on {head.name}: {'; '.join(damaged)}",
                              f"start a new run: edgetrain run {program.name}")
@@ -244,6 +233,25 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     if program.epochs is not None and epoch >= program.epochs:
         raise UsageError(f"run {run.id} already finished epoch {epoch}", f"pass --epochs {epoch + 1} or more to train further")
     return epoch
+
+
+def _intact(rt: runtimes.Runtime, head: inventory.Host, where: str, damaged: list[str]) -> dict | None:
+    """A checkpoint's manifest if every file of it is hashed, where it lives, to what the manifest
+    says; else None, with why appended to ``damaged``."""
+    name = posixpath.basename(where)
+    try:
+        manifest = checkpoints.check(json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"],
+                                                               "reading the checkpoint manifest")))
+    except (ValueError, KeyError, TypeError):
+        damaged.append(f"{name} (its manifest is damaged)")
+        return None
+    checklist = "".join(f"{digest}  {file}\n" for file, digest in manifest["files"].items())
+    check = rt.nodes.run(head, ["sh", "-c", f"cd {shlex.quote(where)} && sha256sum -c --quiet -"], input=checklist)
+    if check.returncode != 0:
+        bad = (check.stdout.strip().splitlines() or check.stderr.strip().splitlines() or ["?"])[0]
+        damaged.append(f"{name} ({bad.replace(': FAILED', ' does not match its manifest')})")
+        return None
+    return manifest
 
 
 def _with_resume(command: list[str], run_id: str) -> str:
@@ -296,13 +304,7 @@ def prepare(req: RunRequest) -> Launch:
         rt.stage(run, manifest)
         run.machinefile.write_text(plan.machinefile())
         token = progress.new_token()
-        worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
-                  "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", program.name,
-                  "--events-token", token]
-        worker += strategy.worker_args(plan, base_port, req.ps)
-        if resumed_epoch is not None:
-            worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
-        worker += program.worker_args()
+        worker = _worker_command(req, rt, run, plan, resumed_epoch, token)
         try:
             rt.start(run)
         except EdgetrainError as exc:
@@ -312,18 +314,36 @@ def prepare(req: RunRequest) -> Launch:
         _record(launch, inv)
         return launch
     except BaseException as exc:
-        rt.stop()
-        rt.nodes.close()
-        if lock is not None:
-            lock.release()
-        # A run that never started leaves nothing behind, unless it got as far as its containers.
-        if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
-            shutil.rmtree(created.path, ignore_errors=True)
-        if isinstance(exc, OSError):
-            # This machine's files (the run directory): a full disk, most likely. One line.
-            raise EdgetrainError(f"cannot write {exc.filename or req.runs_dir}: {exc.strerror or exc}",
-                                 f"free disk space on this machine ({req.runs_dir})") from None
+        _undo(req, rt, created, lock, exc)
         raise
+
+
+def _worker_command(req: RunRequest, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
+                    resumed_epoch: int | None, token: str) -> list[str]:
+    """``edgetrain.rank.worker``'s command line, the same for every rank."""
+    strategy = STRATEGIES[req.strategy]
+    base_port = getattr(req, strategy.port_option) if strategy.port_option else 0
+    worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
+              "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", req.program.name, "--events-token", token]
+    worker += strategy.worker_args(plan, base_port, req.ps)
+    if resumed_epoch is not None:
+        worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
+    return worker + req.program.worker_args()
+
+
+def _undo(req: RunRequest, rt: runtimes.Runtime, created: runs.Run | None, lock: runs.RunLock | None, exc: BaseException) -> None:
+    """What a launch that failed before it started leaves: the runtime stopped, the lock released,
+    and a new run's directory gone, unless it got as far as its containers. A failure to write
+    this machine's files (a full disk, most likely) is raised as one line."""
+    rt.stop()
+    rt.nodes.close()
+    if lock is not None:
+        lock.release()
+    if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
+        shutil.rmtree(created.path, ignore_errors=True)
+    if isinstance(exc, OSError):
+        raise EdgetrainError(f"cannot write {exc.filename or req.runs_dir}: {exc.strerror or exc}",
+                             f"free disk space on this machine ({req.runs_dir})") from None
 
 
 def _record(launch: Launch, inv: inventory.Inventory) -> None:

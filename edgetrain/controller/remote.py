@@ -142,6 +142,20 @@ def tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
+def _judge(what: str, unpacking: _Unpacking, code: int, err: str, timeout: float) -> None:
+    """One error for a copy that did not come whole: over its caps, out of time, no way to the
+    node, or a stream cut short."""
+    if unpacking.over is not None:
+        raise EdgetrainError(f"{what} stopped at {unpacking.cut}: {unpacking.over}", "look at what the run left in that directory on the node")
+    if code == -9:
+        raise EdgetrainError(f"{what} did not finish within {timeout:.0f} s", "check that the node is up and reachable")
+    if code == UNREACHABLE:
+        raise EdgetrainError(f"{what} failed: {err}", "check that the node is up and reachable")
+    if unpacking.cut is not None:
+        raise EdgetrainError(f"{what} was cut short in {unpacking.cut} (the files that came whole were kept)",
+                             "check the link to the node, then copy again")
+
+
 class Nodes:
     """Runs commands on inventory hosts; local hosts run them directly."""
 
@@ -238,19 +252,9 @@ class Nodes:
             raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}", "free some disk on this machine") from None
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
-        if unpacking.over is not None:
-            raise EdgetrainError(f"copying {directory} from {host.name} stopped at {unpacking.cut}: {unpacking.over}",
-                                 "look at what the run left in that directory on the node")
-        if code == -9:
-            raise EdgetrainError(f"copying {directory} from {host.name} did not finish within {timeout:.0f} s",
-                                 "check that the node is up and reachable")
-        if code == UNREACHABLE:
-            raise EdgetrainError(f"copying {directory} from {host.name} failed: {err}", "check that the node is up and reachable")
+        _judge(f"copying {directory} from {host.name}", unpacking, code, err, timeout)
         if code != 0 and "cd:" in err:
             raise EdgetrainError(f"{directory} does not exist on {host.name}")
-        if unpacking.cut is not None:
-            raise EdgetrainError(f"copying {directory} from {host.name} was cut short in {unpacking.cut} "
-                                 "(the files that came whole were kept)", "check the link to the node, then copy again")
         return unpacking.refused
 
     def close(self) -> None:
