@@ -61,7 +61,7 @@ def test_ini_inventory_works_too(tmp_path):
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: sparc}\n", "edgetrain_arch is sparc"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_slots: 0}\n", "edgetrain_slots is 0; it must be a number of slots from 1"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_slots: many}\n", "edgetrain_slots is 'many', not a number of slots"),
-        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_lease_seconds: 5}\n", "edgetrain_lease_seconds is 5; it must be a number of seconds from 20"),
+        ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_lease_seconds: 5}\n", "edgetrain_lease_seconds is 5; it must be a number of seconds from 30"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, edgetrain_runtime: vm}\n", "edgetrain_runtime"),
         ("cluster:\n  hosts: {}\n", "no hosts"),
         ("cluster:\n  hosts:\n    a: {edgetrain_arch: aarch64, ansible_port: abc}\n", "ansible_port is 'abc', not a port number"),
