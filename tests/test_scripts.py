@@ -274,3 +274,15 @@ def test_a_malformed_event_is_the_programs_text_not_a_crash(tmp_path):
     shown = r.stdout.splitlines()
     assert "@edgetrain []" in shown and any(line.endswith(' {"event": "epoch"}') for line in shown), r.stdout
     assert only_run(tmp_path / "runs").record().status == "completed"
+
+
+def test_a_scripts_own_error_is_not_restarted(tmp_path):
+    """--max-restarts is for nodes that go: an exception would happen again, so the run ends at once."""
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text("import edgetrain.callbacks\nraise ValueError('bad batch')\n")
+    r = edgetrain("run", str(script), "--np", "2", "--max-restarts", "2", "--runs-dir", str(tmp_path / "runs"), timeout=300)
+    assert r.returncode == 1
+    assert "edgetrain: no restart: no node was lost (a rank's own failure would happen again)" in r.stderr, r.stderr
+    assert "ValueError: bad batch" in r.stderr.strip().splitlines()[-1]
+    assert len(only_run(tmp_path / "runs").record().attempts) == 1
