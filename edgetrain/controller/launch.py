@@ -52,6 +52,7 @@ class RunRequest:
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
     max_restarts: int = 0  # restarts on the nodes left after a node is lost
+    restarts_done: int = 0  # of them, by this command so far
     min_nodes: int = 1  # never restart on fewer nodes than this
     rejoin: bool = False  # take a left-out node back at the first epoch after it answers again
     excluded: dict[str, str] = field(default_factory=dict)  # node -> why it was left out (a restart's)
@@ -135,11 +136,13 @@ def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
         return Restart(None, f"edgetrain: no restart: {host.name} was lost, and it holds rank 0 and the run's checkpoints")
     if len(left) < req.min_nodes:
         return Restart(None, f"edgetrain: no restart: {len(left)} node(s) left after {host.name}, fewer than --min-nodes {req.min_nodes}")
+    if req.restarts_done >= req.max_restarts:
+        return Restart(None, f"edgetrain: no restart: {host.name} lost, and the {req.max_restarts} restart(s) of --max-restarts are used")
     np = req.np - len(plan.ranks_on(host))
-    nxt = replace(req, resume=launch.run.id, np=np, np_asked=req.np_asked or req.np, max_restarts=req.max_restarts - 1,
+    nxt = replace(req, resume=launch.run.id, np=np, np_asked=req.np_asked or req.np, restarts_done=req.restarts_done + 1,
                   excluded={**req.excluded, host.name: how})
     return Restart(nxt, f"edgetrain: {host.name} lost ({how}); restarting on {', '.join(h.name for h in left)} with {np} ranks "
-                        f"from the newest intact checkpoint ({nxt.max_restarts} restart(s) left)")
+                        f"from the newest intact checkpoint ({req.max_restarts - nxt.restarts_done} restart(s) left)")
 
     @property
     def error(self) -> str | None:
