@@ -398,8 +398,10 @@ class _Watch(threading.Thread):
         self.rank_failed: float | None = None
         self.failure: tuple[inventory.Host | None, str] | None = None
         self.finished = threading.Event()
-        # --rejoin: the epoch rank 0 trains (its step events), and the left-out node found back.
+        # --rejoin: the epoch rank 0 trains (its step events), the first this attempt trained, and
+        # the left-out node found back.
         self.epoch = 0
+        self.first_epoch: int | None = None
         self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
         self.back: inventory.Host | None = None
 
@@ -428,10 +430,11 @@ class _Watch(threading.Thread):
 
 
     def _took_back(self) -> bool:
-        """Once an epoch begins (the one before is checkpointed), look for the left-out nodes; one
-        that answers and no longer runs this run's old container ends the attempt, to be taken back."""
+        """Once an epoch begins after one this attempt trained (and checkpointed), look for the
+        left-out nodes; one that answers and no longer runs this run's old container ends the
+        attempt, to be taken back at that checkpoint."""
         req = self.launch.request
-        if not (req.rejoin and req.excluded) or self.epoch <= self.looked_at:
+        if not (req.rejoin and req.excluded) or self.first_epoch is None or self.epoch <= max(self.looked_at, self.first_epoch):
             return False
         self.looked_at = self.epoch
         nodes, name = self.launch.runtime.nodes, f"edgetrain-{self.launch.run.id}"
@@ -541,6 +544,7 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
     kind = event["event"]
     if kind == "step":
         watch.epoch = event["epoch"]
+        watch.first_epoch = event["epoch"] if watch.first_epoch is None else watch.first_epoch
     if kind in ("step", "keras") and seen.first_step is None:
         seen.first_step = time.monotonic() - launch.started
     elif kind == "epoch":
