@@ -271,7 +271,9 @@ class Containers:
             try:
                 pid = self.pids.get(host.name)
                 if pid:
-                    alive = self.nodes.run(host, ["test", "-d", f"/proc/{pid}"], timeout=30)
+                    # No longer than ssh's own timeout: a shared connection that went dark may not
+                    # notice for a while; an answer late is the cue for the second opinion.
+                    alive = self.nodes.run(host, ["test", "-d", f"/proc/{pid}"], timeout=SSH_TIMEOUT)
                     if alive.returncode == 0:
                         self.unreachable.discard(host.name)
                         return NodeState(host, True, "")
