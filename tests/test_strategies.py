@@ -12,6 +12,7 @@ from pathlib import Path
 from edgetrain.controller import inventory, placement
 from edgetrain.shared import strategies
 
+from .test_containers_unit import host
 from .test_placement import CLUSTER, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,3 +53,12 @@ def test_what_each_strategy_needs_is_what_the_image_probe_reports():
                 for key in node.keys if isinstance(key, ast.Constant)}
     for s in strategies.STRATEGIES.values():
         assert s.needs in reported and importlib.util.find_spec(s.needs) is not None, s.name
+
+
+def test_every_strategy_takes_the_launchers_call():
+    """The launcher asks each strategy the same way (edgetrain.controller.launch._worker_command)."""
+    plan = placement.plan(inventory.Inventory(Path("inv"), (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))), 3)
+    for strategy in strategies.STRATEGIES.values():
+        strategy.check_tasks(3, 1 if strategy.name == "tf-ps" else None)
+        args = strategy.worker_args(plan, 23456, None)
+        assert all(isinstance(a, str) for a in args), strategy.name

@@ -238,7 +238,7 @@ class Torch(Strategy):
                     raise UsageError(f"unknown placeholder {{{name}}} in the script's arguments ({arg!r})",
                                      "use " + ", ".join(f"{{{p}}}" for p in TORCH_PLACEHOLDERS))
 
-    def worker_args(self, plan: Placement, base_port: int) -> list[str]:
+    def worker_args(self, plan: Placement, base_port: int, ps: int | None = None) -> list[str]:
         several = len(plan.hosts) > 1
         address = plan.head.address if several or not plan.head.is_local else "127.0.0.1"
         iface = plan.head.iface if several else ""
