@@ -63,6 +63,14 @@ def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Pa
     )
 
 
+def project_script(tmp_path: Path, source: str) -> Path:
+    """A user's script, ``train.py`` alone in a project folder of its own (what a run ships)."""
+    script = tmp_path / "proj" / "train.py"
+    script.parent.mkdir()
+    script.write_text(source)
+    return script
+
+
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under root with its sha256: to prove a failed command changed nothing."""
     if not root.exists():

@@ -15,7 +15,7 @@ from edgetrain.controller import program as programs
 from edgetrain.shared import checkpoints, datasets
 from edgetrain.shared.job_options import JobOptions
 
-from .conftest import edgetrain, snapshot
+from .conftest import edgetrain, project_script, snapshot
 
 
 def assert_one_line_error(result, *fragments: str, code: int = 1) -> str:
@@ -385,8 +385,6 @@ def test_a_script_without_edgetrains_checkpoints_cannot_ask_for_restarts(tmp_pat
 
 @pytest.mark.parametrize("np, ps", [("4", "0"), ("4", "3"), ("2", "1")])
 def test_parameter_servers_that_leave_no_worker_are_one_line(tmp_path, np, ps):
-    script = tmp_path / "proj" / "train.py"
-    script.parent.mkdir()
-    script.write_text("import tensorflow as tf\n")
+    script = project_script(tmp_path, "import tensorflow as tf\n")
     r = edgetrain("run", str(script), "--strategy", "tf-ps", "--np", np, "--ps", ps, "--runs-dir", str(tmp_path / "runs"))
     assert_one_line_error(r, f"--ps {ps} with --np {np} leaves no worker", code=2)

@@ -17,7 +17,7 @@ from edgetrain.shared import runs, workdir
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.progress import EVENT_PREFIX
 
-from .conftest import ROOT, edgetrain, snapshot
+from .conftest import ROOT, edgetrain, project_script, snapshot
 from .test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.mpi
@@ -124,9 +124,7 @@ def test_parameter_server_example_trains_on_the_chief_with_servers_that_end_with
 
 
 def test_a_chief_that_never_builds_a_parameter_server_strategy_is_named_not_a_hang(tmp_path):
-    script = tmp_path / "proj" / "train.py"
-    script.parent.mkdir()
-    script.write_text("import tensorflow as tf\nprint('no strategy here')\n")
+    script = project_script(tmp_path, "import tensorflow as tf\nprint('no strategy here')\n")
     r = edgetrain("run", str(script), "--np", "3", "--strategy", "tf-ps", "--runs-dir", str(tmp_path / "runs"), timeout=300)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
@@ -254,9 +252,7 @@ HOSTILE_EVENTS = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_EVENTS))
 def test_a_finished_event_never_turns_a_failed_program_into_a_completed_run(tmp_path, case):
-    script = tmp_path / "proj" / "train.py"
-    script.parent.mkdir()
-    script.write_text(HOSTILE_EVENTS[case])
+    script = project_script(tmp_path, HOSTILE_EVENTS[case])
     r = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(tmp_path / "runs"), timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
     assert only_run(tmp_path / "runs").record().status == "failed"
@@ -264,10 +260,8 @@ def test_a_finished_event_never_turns_a_failed_program_into_a_completed_run(tmp_
 
 
 def test_a_malformed_event_is_the_programs_text_not_a_crash(tmp_path):
-    script = tmp_path / "proj" / "train.py"
-    script.parent.mkdir()
-    script.write_text("import os\ntoken = os.environ['EDGETRAIN_EVENTS_TOKEN']\n"
-                      "print('@edgetrain []')\nprint(f'@edgetrain:{token} []')\nprint(f'@edgetrain:{token} {{\"event\": \"epoch\"}}')\n")
+    script = project_script(tmp_path, "import os\ntoken = os.environ['EDGETRAIN_EVENTS_TOKEN']\n"
+                                      "print('@edgetrain []')\nprint(f'@edgetrain:{token} []')\nprint(f'@edgetrain:{token} {{\"event\": \"epoch\"}}')\n")
     r = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(tmp_path / "runs"), timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
@@ -278,9 +272,7 @@ def test_a_malformed_event_is_the_programs_text_not_a_crash(tmp_path):
 
 def test_a_scripts_own_error_is_not_restarted(tmp_path):
     """--max-restarts is for nodes that go: an exception would happen again, so the run ends at once."""
-    script = tmp_path / "proj" / "train.py"
-    script.parent.mkdir()
-    script.write_text("import edgetrain.callbacks\nraise ValueError('bad batch')\n")
+    script = project_script(tmp_path, "import edgetrain.callbacks\nraise ValueError('bad batch')\n")
     r = edgetrain("run", str(script), "--np", "2", "--max-restarts", "2", "--runs-dir", str(tmp_path / "runs"), timeout=300)
     assert r.returncode == 1
     assert "edgetrain: no restart: no node was lost (a rank's own failure would happen again)" in r.stderr, r.stderr
