@@ -71,6 +71,24 @@ def project_script(tmp_path: Path, source: str) -> Path:
     return script
 
 
+def descendants(pid: int) -> list[int]:
+    """A process's children, theirs and so on: only processes the test itself started. Any of them
+    may end while it is read (ssh's short-lived helpers do), and is then left out."""
+    found = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for k in kids:
+            found += [k, *descendants(k)]
+    return found
+
+
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under root with its sha256: to prove a failed command changed nothing."""
     if not root.exists():

@@ -25,7 +25,7 @@ from edgetrain.controller.remote import Nodes
 from edgetrain.shared import runs, workdir
 from edgetrain.shared.errors import EdgetrainError
 
-from .conftest import edgetrain
+from .conftest import descendants, edgetrain
 
 LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
 
@@ -184,19 +184,6 @@ def test_names_that_look_like_secrets_stay_home_unless_asked_for(tmp_path, proje
     assert "--ship-secrets" in edgetrain("run", "--help").stdout
 
 
-def children(pid: int) -> list[int]:
-    """This process's descendants (only processes the test itself started)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for k in kids:
-            found += [k, *children(k)]
-    return found
-
-
 def in_thread(fn) -> tuple[threading.Thread, dict]:
     result: dict = {}
 
@@ -211,7 +198,7 @@ def in_thread(fn) -> tuple[threading.Thread, dict]:
 
 
 def end_our_children() -> None:
-    for pid in children(os.getpid()):
+    for pid in descendants(os.getpid()):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -260,7 +247,7 @@ def test_every_write_to_a_node_has_a_deadline(tmp_path, deadline):
         stopped: set[int] = set()
         until = time.monotonic() + 1
         while time.monotonic() < until:  # every process of the receiving side, as soon as it exists
-            for pid in set(children(os.getpid())) - stopped:
+            for pid in set(descendants(os.getpid())) - stopped:
                 if receiving(pid):
                     os.kill(pid, signal.SIGSTOP)
                     stopped.add(pid)

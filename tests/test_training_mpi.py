@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.learning_rate import anneal
 
-from .conftest import ROOT, edgetrain
+from .conftest import ROOT, descendants, edgetrain
 
 pytestmark = pytest.mark.mpi
 
@@ -231,18 +230,6 @@ def long_run(root):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:
     os.kill(pid, sig)
     sent = time.time()
@@ -252,7 +239,7 @@ def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:
         proc.send_signal(signal.SIGUSR1)  # the CLI prints its threads' stacks
         time.sleep(2)
         # mpirun runs in its own session: end it (and the ranks in its process group) with the CLI.
-        for child in children(proc.pid):
+        for child in descendants(proc.pid):
             if os.getpgid(child) == child:
                 os.killpg(child, signal.SIGKILL)
         proc.kill()
