@@ -31,13 +31,10 @@ from edgetrain.controller.program import Program
 from edgetrain.controller.remote import Nodes
 from edgetrain.shared.strategies import Strategy
 
-# How to get what a strategy's ranks import, where it is missing: on this machine, in an image.
+# How to get what a strategy's ranks import where it is missing on this machine (an image lacking it is rebuilt).
 NEEDS_FIX = {
     "horovod": "run scripts/setup (it compiles Horovod against this machine's MPICH)",
     "torch": "run scripts/setup with EDGETRAIN_TORCH=1 (it installs torch for the host runtime)",
-}
-IMAGE_FIX = {
-    "torch": "the images are built without torch so far: run torch scripts on the host runtime (--runtime host)",
 }
 
 CHECK_PORTS = (
@@ -283,7 +280,7 @@ class DockerRuntime(Runtime):
         lacking = sorted({r["host"] for r in probed.ranks if not r.get(self.needs)})
         if lacking:
             raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {self.needs}, which the run's strategy needs",
-                                 IMAGE_FIX.get(self.needs, "rebuild the image: edgetrain images build --arch ARCH"))
+                                 "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
         r0 = probed.ranks[0]
         self.versions = {"mpich": r0["mpi"], **{k: r0.get(k) for k in ("tensorflow", "horovod", "torch") if r0.get(k)}}
         self.probe_seconds = probed.seconds

@@ -168,8 +168,10 @@ class Cluster:
         """edgetrain's directory in the login user's home, private to each node."""
         return f"{self.bed.state.login_home}/edgetrain"
 
-    def docker_inventory(self, name: str, head_slots: int = 2, **extra) -> str:
+    def docker_inventory(self, name: str, head_slots: int = 2, host_vars: dict | None = None, **extra) -> str:
         """An inventory of the nodes as a container cluster (node1 with 2 slots unless told)."""
+        head = self.bed.state.head.name
+        host_vars = host_vars or {}
         return self.bed.write_inventory(
             {
                 "edgetrain_runtime": "docker",
@@ -179,7 +181,7 @@ class Cluster:
                 "edgetrain_mpi_env": {"UCX_TLS": "tcp,self"},
                 **extra,
             },
-            host_vars={self.bed.state.head.name: {"edgetrain_slots": head_slots}},
+            host_vars={**host_vars, head: {"edgetrain_slots": head_slots, **host_vars.get(head, {})}},
             name=name,
         )
 
@@ -192,9 +194,9 @@ class Cluster:
         n = next(n for n in self.bed.state.nodes if n.name == node)
         return self.bed.ssh(n, f"stat -c %U {path}").stdout.strip()
 
-    def docker(self, node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def docker(self, node: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         n = next(n for n in self.bed.state.nodes if n.name == node)
-        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check)
+        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check, input=input)
 
     def leftovers(self) -> dict[str, list[str]]:
         """edgetrain containers on each node (there should never be any between commands)."""

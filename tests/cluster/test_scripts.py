@@ -1,6 +1,7 @@
 """The user's own scripts on the testbed's three nodes, in containers: a Horovod Keras script with
 a package baked into the image offline, its working directory shipped once, its rank-0 outputs
-collected; TensorFlow's MultiWorkerMirroredStrategy across the nodes; failures named by node."""
+collected; TensorFlow's MultiWorkerMirroredStrategy and parameter servers, and a torch DDP script,
+across the nodes; failures named by node."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.controller import images
 from edgetrain.shared import runs
 from tests.conftest import ROOT, edgetrain
 
@@ -126,6 +128,42 @@ def test_parameter_server_strategy_trains_across_the_nodes(cluster, report):
     moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 1 and moved["node3"] > 1, moved  # the workers pulled variables and pushed gradients
     report["tf-ps example np 4 (chief and ps on node1), 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    assert cluster.leftovers() == {}
+
+
+def test_a_torch_ddp_script_trains_across_the_nodes_in_the_images(cluster, report):
+    """The DDP LeNet example, unchanged, in the nodes' containers (Debian's torch in the image): Gloo
+    between the nodes, rank 0's weights in its working copy, nothing left."""
+    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
+    r = edgetrain("run", str(ROOT / "examples" / "torch_ddp" / "train.py"), "--np", "4", "--strategy", "torch",
+                  "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
+    after = cluster.bed.link_bytes()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = cluster.new_run(runs_before)
+    assert "lenet.pt" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
+    assert "on 4 ranks" in (cluster.runs / run_id / "rank.0.log").read_text()
+    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
+    assert moved["node2"] > 1 and moved["node3"] > 1, moved  # 20 steps of DDP's gradient buckets each way
+    report["torch DDP example np 4, 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    assert cluster.leftovers() == {}
+
+
+def test_a_torch_run_where_a_nodes_image_lacks_torch_is_refused_naming_it(cluster):
+    """node3 runs an image built from the session's without torch (as images were before it)."""
+    lacking = "edgetrain:test-no-torch"
+    site = "/opt/edgetrain/lib/python3.11/site-packages"
+    cluster.docker("node3", "build", "-q", "--network", "none", "-t", lacking, "-",
+                   input=f"FROM {images.TARGETS['amd64'].tag}\nRUN rm {site}/edgetrain-debian-torch.pth\n")
+    try:
+        inventory = cluster.docker_inventory("docker-no-torch.yml", host_vars={"node3": {"edgetrain_image": lacking}})
+        r = edgetrain("run", str(ROOT / "examples" / "torch_ddp" / "train.py"), "--np", "4", "--strategy", "torch",
+                      "-i", inventory, env=cluster.env, timeout=600)
+    finally:
+        cluster.docker("node3", "rmi", lacking)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("edgetrain: error: preflight: node3: the image has no torch"), r.stderr[-3000:]
+    assert "edgetrain images build --arch ARCH" in last
     assert cluster.leftovers() == {}
 
 

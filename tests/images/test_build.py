@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "cpp", "cmake", "make", "ld", "nvcc", "g++-11", "patchelf")
 BUILD_PACKAGES = ("gcc", "gcc-12", "g++", "g++-12", "g++-11", "cpp", "binutils", "libmpich-dev", "python3-dev", "build-essential", "cmake",
                   "nvidia-cuda-toolkit", "nvidia-cuda-dev", "patchelf")
-# Uncompressed. The CUDA image is dominated by TensorFlow's CUDA wheels (cuDNN alone is 1.1 GB).
-SIZE_LIMIT = {"amd64": 1.5e9, "arm64": 1.5e9, "cuda": 6e9}
+# Uncompressed: the budgets users were promised. The CUDA image is dominated by TensorFlow's CUDA
+# wheels (cuDNN alone is 1.1 GB); the CPU images carry Debian's torch beside TensorFlow.
+SIZE_LIMIT = {"amd64": 2.0e9, "arm64": 2.0e9, "cuda": 6e9}
 
 
 def run_in(image: str, *cmd: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -61,6 +62,23 @@ def test_two_rank_mpirun_allreduce(image):
         assert line.startswith(f"rank {rank}/2 mpi4py=3 horovod=3 lib=MPICH Version:")
 
 
+TORCH_CHECK = """
+import sys
+from importlib.machinery import SourceFileLoader
+lines, problems = SourceFileLoader("check", "/usr/local/bin/edgetrain-image-check").load_module().check_torch("1.13.1")
+print(*lines, sep="\\n")
+sys.exit("; ".join(problems) or None)
+"""
+
+
+def test_torch_trains_and_allreduces_over_gloo_in_the_cpu_images(image):
+    if image.tag.endswith("-cuda"):
+        pytest.skip("the CUDA image carries no torch yet")
+    proc = run_in(image.tag, "python", "-c", TORCH_CHECK)
+    assert proc.returncode == 0, proc.stderr
+    assert "convolution forward and backward ok, two-process Gloo allreduce ok" in proc.stdout, proc.stdout
+
+
 def test_runtime_stage_has_no_compilers(image):
     probe = " ; ".join(f"command -v {tool}" for tool in BUILD_TOOLS)
     installed = f"dpkg-query -W -f='${{Package}} ${{Status}}\\n' {' '.join(BUILD_PACKAGES)} 2>/dev/null | grep ' installed$'"
@@ -89,6 +107,8 @@ def test_labels_tell_versions_and_revision(image):
     assert labels["org.edgetrain.tensorflow.version"] == pins["tensorflow"]
     assert labels["org.edgetrain.horovod.version"] == pins["horovod"]
     assert labels["org.edgetrain.mpich.version"] == "4.0.2"
+    if not image.tag.endswith("-cuda"):
+        assert labels["org.edgetrain.torch.version"] == "1.13.1"
     # The commit the image was built from: HEAD then, so HEAD or one of its ancestors now.
     revision = labels["org.opencontainers.image.revision"].removesuffix("-dirty")
     ancestor = subprocess.run(["git", "-C", str(images.project_root()), "merge-base", "--is-ancestor", revision, "HEAD"], check=False)

@@ -1,0 +1,84 @@
+"""The DDP LeNet through edgetrain against the same script started by hand with torchrun in a
+container on each node - the way a torch user runs it without edgetrain - on the emulated Pi 4
+testbed, N = 1..3, one rank per node, interleaved so the machine's drift falls on both alike.
+
+A measurement, reported rather than asserted (-m bench): ``pytest -m bench tests/cluster/test_torchrun.py -s``.
+The emulation is the optimistic bracket (each node's communication threads on a core of their own,
+idle nodes training stand-ins); see docs/scaling.md for what that favours.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from edgetrain.controller import images
+from tests.conftest import ROOT, edgetrain
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
+
+SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
+ARGS = ["--epochs", "2", "--steps-per-epoch", "60"]
+EPOCH = re.compile(r"epoch 2/2: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
+PORT = 29610
+
+
+def steady_rate(log: str, n: int) -> float:
+    """The second epoch's images per second, as the script's rank 0 printed it."""
+    found = EPOCH.search(log)
+    assert found and int(found.group(2)) == n, log[-3000:]
+    return float(found.group(1).replace(",", ""))
+
+
+def through_edgetrain(cluster, inventory: str, n: int) -> tuple[float, float]:
+    runs_before, start = cluster.run_ids(), time.monotonic()
+    r = edgetrain("run", str(SCRIPT), "--np", str(n), "--strategy", "torch", "-i", inventory, "--", *ARGS,
+                  env=cluster.env, timeout=1800)
+    wall = time.monotonic() - start
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = (cluster.runs / cluster.new_run(runs_before) / "rank.0.log").read_text()
+    return wall, steady_rate(log, n)
+
+
+def through_torchrun(cluster, n: int) -> tuple[float, float]:
+    """torchrun on each of the first n nodes, in the image, with the node's network and datasets: what
+    a user types on every node (torch 1.13's torchrun needs --redirects/--tee on Python 3.11)."""
+    nodes = cluster.bed.state.nodes[:n]
+    work = f"{cluster.home}/torchrun-bench"
+    for node in nodes:
+        subprocess.run(cluster.bed.ssh_argv(node) + [f"mkdir -p {work} && cat > {work}/train.py"], input=SCRIPT.read_text(),
+                       text=True, check=True, timeout=60)
+    procs, start = [], time.monotonic()
+    for i, node in enumerate(nodes):
+        cmd = ["docker", "-H", f"unix://{node.docker_sock}", "run", "--rm", "--name", f"torchrun-bench-{i}", "--network", "host",
+               "-v", f"{work}:/work", "-v", f"{cluster.home}/datasets:/data:ro", "-w", "/work",
+               "-e", "GLOO_SOCKET_IFNAME=eth0", images.TARGETS["amd64"].tag,
+               "torchrun", "--nnodes", str(n), "--node-rank", str(i), "--nproc-per-node", "1",
+               "--master-addr", nodes[0].address, "--master-port", str(PORT), "--redirects", "2", "--tee", "2",
+               "train.py", *ARGS, "--data", "/data/mnist"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    finally:
+        for i, node in enumerate(nodes):
+            subprocess.run(["docker", "-H", f"unix://{node.docker_sock}", "rm", "-f", f"torchrun-bench-{i}"], capture_output=True)
+    wall = time.monotonic() - start
+    assert [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + outs[0][-3000:]
+    return wall, steady_rate(outs[0], n)
+
+
+def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, report):
+    inventory = cluster.docker_inventory("docker-one-slot.yml", head_slots=1)
+    rows = []
+    for n in (1, 2, 3):
+        et_wall, et_rate = through_edgetrain(cluster, inventory, n)
+        tr_wall, tr_rate = through_torchrun(cluster, n)
+        rows.append(f"N={n}: edgetrain {et_rate:.0f} img/s in {et_wall:.1f} s, torchrun {tr_rate:.0f} img/s in {tr_wall:.1f} s, "
+                    f"ratio {et_rate / tr_rate:.2f}x img/s, {et_wall - tr_wall:+.1f} s wall")
+        print(rows[-1], flush=True)
+    report["torch DDP LeNet, emulated pi4 nodes, 2 x 60 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
+    assert cluster.leftovers() == {}
