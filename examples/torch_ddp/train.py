@@ -3,7 +3,7 @@ torchrun's examples teach it: the process group from the environment torchrun se
 DistributedSampler giving each rank its shard, one GPU per local rank where there are GPUs, and
 rank 0 saving the weights. It runs unchanged under
 
-    torchrun --nproc-per-node 2 train.py --epochs 1
+    torchrun --nproc_per_node 2 train.py --epochs 1
     edgetrain run examples/torch_ddp/train.py --np 2 --strategy torch -- --epochs 1
 
 MNIST offline: edgetrain stages it and says where ($EDGETRAIN_DATA/mnist/, Keras' mnist.npz or

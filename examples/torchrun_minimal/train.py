@@ -1,5 +1,5 @@
 """The smallest torchrun-style script: the process group from the environment torchrun gives each
-worker, one allreduce. Unchanged under `torchrun --nproc-per-node 2 train.py` and
+worker, one allreduce. Unchanged under `torchrun --nproc_per_node 2 train.py` and
 `edgetrain run examples/torchrun_minimal/train.py --np 2 --strategy torch`."""
 
 import os

@@ -7,7 +7,7 @@ three nodes would lose a fifth of E(3) to the emulation alone.
 
 So every emulated node is always busy: a node with no training of its own runs a stand-in, one
 process of the seed recipe (``seed_lenet.py --stand-in``) in the node's group, stopped (SIGSTOP)
-while anything else in the node has TensorFlow loaded and continued (SIGCONT) once nothing does. The
+while anything else in the node has TensorFlow or torch loaded and continued (SIGCONT) once nothing does. The
 calibration runs as many stand-ins beside its measured process as the testbed has other nodes
 (emulation.py), so the calibrated rate is a node's rate while every node works.
 """
@@ -26,7 +26,8 @@ from .cpugroup import CpuGroup
 
 SEED = Path(__file__).with_name("seed_lenet.py")
 ROOT = Path(__file__).resolve().parents[2]
-TENSORFLOW = "/libtensorflow_framework.so"
+# What a process that trains has mapped: TensorFlow's framework, or torch's CPU library.
+TRAINING_LIBRARIES = ("/libtensorflow_framework.so", "/libtorch_cpu.so")
 PR_SET_PDEATHSIG = 1
 
 
@@ -59,7 +60,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def _trains(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            return any(TENSORFLOW in line for line in maps)
+            return any(lib in line for line in maps for lib in TRAINING_LIBRARIES)
     except OSError:
         return False
 

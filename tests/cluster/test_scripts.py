@@ -78,7 +78,7 @@ def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(clu
     report["user script (horovod_keras + tabulate) np 4, 1 x 20 steps"] = (
         f"{seconds:.0f} s in all, first step after {info['attempts'][-1]['first_step_s']} s; shipped "
         + ", ".join(f"{h} {s['files']} files {s['bytes']} B in {s['seconds']:.2f} s" for h, s in shipped.items())
-        + "; link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items()))
+        + "; " + link_mb(moved))
 
     got = edgetrain("collect", run_id, "-i", extra_inventory, "--dest", str(tmp_path), env=cluster.env)
     assert got.returncode == 0, got.stderr
@@ -98,53 +98,50 @@ def test_a_tutorial_script_trains_across_the_nodes_and_its_outputs_come_home(clu
     assert cluster.leftovers() == {}
 
 
-def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
+def example_across_the_nodes(cluster, example: str, *run_args: str) -> tuple[str, dict[str, float]]:
+    """examples/EXAMPLE/train.py on 4 ranks over the 3 nodes, 1 x 20 steps: its run id, and the MB that
+    went through each node's link meanwhile."""
     before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
-    r = edgetrain("run", str(ROOT / "examples" / "multiworker" / "train.py"), "--np", "4", "--strategy", "tf-multiworker",
-                  "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
+    r = edgetrain("run", str(ROOT / "examples" / example / "train.py"), "--np", "4", *run_args, "-i", cluster.inventory,
+                  "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
     after = cluster.bed.link_bytes()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = cluster.new_run(runs_before)
+    return cluster.new_run(runs_before), {n: (after[n] - before[n]) / 1e6 for n in after}
+
+
+def link_mb(moved: dict[str, float]) -> str:
+    return "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+
+
+def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
+    run_id, moved = example_across_the_nodes(cluster, "multiworker", "--strategy", "tf-multiworker")
     assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
-    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 50 and moved["node3"] > 50, moved
-    report["tf-multiworker example np 4, 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    report["tf-multiworker example np 4, 1 x 20 steps"] = link_mb(moved)
     assert cluster.leftovers() == {}
 
 
 def test_parameter_server_strategy_trains_across_the_nodes(cluster, report):
     """tf-ps over the containers: the chief and the parameter server on node1, a worker on each of
     node2 and node3; the servers end with the chief, and nothing is left."""
-    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
-    r = edgetrain("run", str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4", "--strategy", "tf-ps", "--ps", "1",
-                  "--dataset", "fashion-mnist", "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20",
-                  env=cluster.env, timeout=1200)
-    after = cluster.bed.link_bytes()
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = cluster.new_run(runs_before)
+    run_id, moved = example_across_the_nodes(cluster, "parameter_server", "--strategy", "tf-ps", "--ps", "1",
+                                             "--dataset", "fashion-mnist")
     assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
     logs = {rank: (cluster.runs / run_id / f"rank.{rank}.log").read_text() for rank in (1, 2, 3)}
     assert "edgetrain: ps 0 serving" in logs[1] and "edgetrain: worker 0 serving" in logs[2] and "edgetrain: worker 1 serving" in logs[3]
-    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 1 and moved["node3"] > 1, moved  # the workers pulled variables and pushed gradients
-    report["tf-ps example np 4 (chief and ps on node1), 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    report["tf-ps example np 4 (chief and ps on node1), 1 x 20 steps"] = link_mb(moved)
     assert cluster.leftovers() == {}
 
 
 def test_a_torch_ddp_script_trains_across_the_nodes_in_the_images(cluster, report):
     """The DDP LeNet example, unchanged, in the nodes' containers (Debian's torch in the image): Gloo
     between the nodes, rank 0's weights in its working copy, nothing left."""
-    before, runs_before = cluster.bed.link_bytes(), cluster.run_ids()
-    r = edgetrain("run", str(ROOT / "examples" / "torch_ddp" / "train.py"), "--np", "4", "--strategy", "torch",
-                  "-i", cluster.inventory, "--", "--epochs", "1", "--steps-per-epoch", "20", env=cluster.env, timeout=1200)
-    after = cluster.bed.link_bytes()
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run_id = cluster.new_run(runs_before)
+    run_id, moved = example_across_the_nodes(cluster, "torch_ddp", "--strategy", "torch")
     assert "lenet.pt" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
     assert "on 4 ranks" in (cluster.runs / run_id / "rank.0.log").read_text()
-    moved = {n: (after[n] - before[n]) / 1e6 for n in after}
     assert moved["node2"] > 1 and moved["node3"] > 1, moved  # 20 steps of DDP's gradient buckets each way
-    report["torch DDP example np 4, 1 x 20 steps"] = "link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+    report["torch DDP example np 4, 1 x 20 steps"] = link_mb(moved)
     assert cluster.leftovers() == {}
 
 
@@ -211,6 +208,6 @@ def test_the_same_model_trains_with_horovod_and_with_multiworker(cluster, report
         assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["ranks"] == 4
         moved = {n: (after[n] - before[n]) / 1e6 for n in after}
         assert moved["node3"] > 100, moved
-        figures[strategy] = f"{metrics[-1]['images_per_sec']:.0f} img/s (epoch 2), link MB " + ", ".join(f"{n} {mb:.0f}" for n, mb in moved.items())
+        figures[strategy] = f"{metrics[-1]['images_per_sec']:.0f} img/s (epoch 2), " + link_mb(moved)
     report["same LeNet, np 4, 2 x 40 steps, horovod vs tf-multiworker"] = "; ".join(f"{k}: {v}" for k, v in figures.items())
     assert cluster.leftovers() == {}

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, edgetrain
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
 SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
-ARGS = ["--epochs", "2", "--steps-per-epoch", "60"]
+ARGS = ["--epochs", "2", "--steps-per-epoch", "20"]
 EPOCH = re.compile(r"epoch 2/2: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
 PORT = 29610
 
@@ -36,7 +36,7 @@ def steady_rate(log: str, n: int) -> float:
 
 def through_edgetrain(cluster, inventory: str, n: int) -> tuple[float, float]:
     runs_before, start = cluster.run_ids(), time.monotonic()
-    r = edgetrain("run", str(SCRIPT), "--np", str(n), "--strategy", "torch", "-i", inventory, "--", *ARGS,
+    r = edgetrain("run", str(SCRIPT), "--np", str(n), "--strategy", "torch", "-i", inventory, "--hang-timeout", "120", "--", *ARGS,
                   env=cluster.env, timeout=1800)
     wall = time.monotonic() - start
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -46,7 +46,8 @@ def through_edgetrain(cluster, inventory: str, n: int) -> tuple[float, float]:
 
 def through_torchrun(cluster, n: int) -> tuple[float, float]:
     """torchrun on each of the first n nodes, in the image, with the node's network and datasets: what
-    a user types on every node (torch 1.13's torchrun needs --redirects/--tee on Python 3.11)."""
+    a user types on every node (torch 1.13's torchrun takes its flags with underscores, and needs
+    --redirects/--tee on Python 3.11)."""
     nodes = cluster.bed.state.nodes[:n]
     work = f"{cluster.home}/torchrun-bench"
     for node in nodes:
@@ -57,8 +58,8 @@ def through_torchrun(cluster, n: int) -> tuple[float, float]:
         cmd = ["docker", "-H", f"unix://{node.docker_sock}", "run", "--rm", "--name", f"torchrun-bench-{i}", "--network", "host",
                "-v", f"{work}:/work", "-v", f"{cluster.home}/datasets:/data:ro", "-w", "/work",
                "-e", "GLOO_SOCKET_IFNAME=eth0", images.TARGETS["amd64"].tag,
-               "torchrun", "--nnodes", str(n), "--node-rank", str(i), "--nproc-per-node", "1",
-               "--master-addr", nodes[0].address, "--master-port", str(PORT), "--redirects", "2", "--tee", "2",
+               "torchrun", "--nnodes", str(n), "--node_rank", str(i), "--nproc_per_node", "1",
+               "--master_addr", nodes[0].address, "--master_port", str(PORT), "--redirects", "2", "--tee", "2",
                "train.py", *ARGS, "--data", "/data/mnist"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
@@ -80,5 +81,5 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
         rows.append(f"N={n}: edgetrain {et_rate:.0f} img/s in {et_wall:.1f} s, torchrun {tr_rate:.0f} img/s in {tr_wall:.1f} s, "
                     f"ratio {et_rate / tr_rate:.2f}x img/s, {et_wall - tr_wall:+.1f} s wall")
         print(rows[-1], flush=True)
-    report["torch DDP LeNet, emulated pi4 nodes, 2 x 60 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
+    report["torch DDP LeNet, emulated pi4 nodes, 2 x 20 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
     assert cluster.leftovers() == {}
