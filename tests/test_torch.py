@@ -57,6 +57,14 @@ def test_a_torchrun_script_runs_unchanged_with_what_torchrun_gives_each_worker(t
         assert threads == max(1, (os.cpu_count() or 1) // 2)
 
 
+def test_threads_the_user_gave_are_kept_as_torchrun_keeps_them(tmp_path):
+    r = edgetrain("run", str(EXAMPLES / "torchrun_minimal" / "train.py"), *TORCH, "--runs-dir", str(tmp_path),
+                  env={"OMP_NUM_THREADS": "3"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    threads = re.findall(r"rank \d/2: allreduce .*?, (\d+) threads", logs(only_run(tmp_path)))
+    assert threads == ["3", "3"], logs(only_run(tmp_path))
+
+
 def test_a_seed_style_script_gets_its_rank_and_address_from_placeholders(tmp_path):
     r = edgetrain("run", str(EXAMPLES / "torch_seed" / "train.py"), *TORCH, "--master-port", "29611", "--runs-dir", str(tmp_path),
                   "--", "--dist-url", "{master_url}", "--dist-rank", "{rank}", "--world-size", "{world_size}", "--epochs", "1",

@@ -22,6 +22,7 @@ import datetime
 import functools
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from edgetrain.shared.errors import EdgetrainError
@@ -80,8 +81,9 @@ class Place:
     def master_url(self) -> str:
         return f"tcp://{self.master_addr}:{self.master_port}"
 
-    def environment(self, iface: str | None, cores: int) -> dict[str, str]:
-        """What torchrun (torch.distributed.run) gives each worker, for this place."""
+    def environment(self, iface: str | None, cores: int, given: Mapping[str, str]) -> dict[str, str]:
+        """What torchrun (torch.distributed.run) gives each worker, for this place, beside what the
+        rank's environment already holds (``given``)."""
         env = {
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
             "RANK": str(self.rank), "WORLD_SIZE": str(self.size),
@@ -90,10 +92,12 @@ class Place:
             "ROLE_NAME": "default", "ROLE_RANK": str(self.rank), "ROLE_WORLD_SIZE": str(self.size),
             "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
             "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-            # torchrun leaves OMP_NUM_THREADS at 1 for several workers a node; a Pi's four cores
-            # would then train one thread wide, so each local rank gets its share of the cores.
-            "OMP_NUM_THREADS": str(max(1, cores // self.local_size)),
         }
+        # torchrun sets OMP_NUM_THREADS to 1 for several workers a node, where a Pi's four cores
+        # would then train one thread wide: each local rank gets its share of the cores instead.
+        # As under torchrun, a value the user gave is kept.
+        if "OMP_NUM_THREADS" not in given:
+            env["OMP_NUM_THREADS"] = str(max(1, cores // self.local_size))
         if iface:
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
         return env

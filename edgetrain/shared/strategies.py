@@ -249,7 +249,7 @@ class Torch(Strategy):
         from edgetrain.rank import torch_rank
 
         place, iface = torch_rank.Place.parse(peers)
-        os.environ.update(place.environment(iface, os.cpu_count() or 1))
+        os.environ.update(place.environment(iface, os.cpu_count() or 1, os.environ))
         torch_rank.watch_init()
         torch_rank.join(place)
         return place.arguments(args)
