@@ -65,6 +65,15 @@ def test_threads_the_user_gave_are_kept_as_torchrun_keeps_them(tmp_path):
     assert threads == ["3", "3"], logs(only_run(tmp_path))
 
 
+def test_one_rank_a_node_trains_with_torchs_own_thread_count_as_under_torchrun(tmp_path):
+    own = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, check=True).stdout.strip()
+    r = edgetrain("run", str(EXAMPLES / "torchrun_minimal" / "train.py"), "--np", "1", "--strategy", "torch",
+                  "--runs-dir", str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.findall(r"rank 0/1: allreduce .*?, (\d+) threads", logs(only_run(tmp_path))) == [own]
+
+
 def test_a_seed_style_script_gets_its_rank_and_address_from_placeholders(tmp_path):
     r = edgetrain("run", str(EXAMPLES / "torch_seed" / "train.py"), *TORCH, "--master-port", "29611", "--runs-dir", str(tmp_path),
                   "--", "--dist-url", "{master_url}", "--dist-rank", "{rank}", "--world-size", "{world_size}", "--epochs", "1",

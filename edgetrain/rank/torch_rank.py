@@ -6,7 +6,7 @@ Hydra starts one process per slot; each becomes what a torchrun worker is: ``MAS
 started), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the
 node), ``GROUP_WORLD_SIZE``, ``ROLE_*`` and ``TORCHELASTIC_*`` as torchrun sets them, Gloo and
 NCCL bound to the cluster interface, and torch's intra-op threads set to the node's cores per
-local rank - so ``init_process_group(backend)`` with ``env://`` (or ``tcp://{master_url}``) finds
+local rank where a node has several - so ``init_process_group(backend)`` with ``env://`` (or ``tcp://{master_url}``) finds
 its peers unchanged.
 
 Before the script runs, every rank checks in with rank 0 at MASTER_ADDR within ``JOIN_TIMEOUT_S``:
@@ -95,8 +95,11 @@ class Place:
         }
         # torchrun sets OMP_NUM_THREADS to 1 for several workers a node, where a Pi's four cores
         # would then train one thread wide: each local rank gets its share of the cores instead.
+        # With one worker a node torch picks its own default, as under torchrun: where that is
+        # fewer than the node's cores (1 of 2 on the testbed's machine) the node's cores ran an
+        # emulated Pi 0.70x as fast as torchrun did (docs/scaling.md).
         # As under torchrun, a value the user gave is kept.
-        if "OMP_NUM_THREADS" not in given:
+        if "OMP_NUM_THREADS" not in given and self.local_size > 1:
             env["OMP_NUM_THREADS"] = str(max(1, cores // self.local_size))
         if iface:
             env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = iface
