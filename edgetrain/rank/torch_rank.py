@@ -6,8 +6,8 @@ Hydra starts one process per slot; each becomes what a torchrun worker is: ``MAS
 started), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the
 node), ``GROUP_WORLD_SIZE``, ``ROLE_*`` and ``TORCHELASTIC_*`` as torchrun sets them, Gloo and
 NCCL bound to the cluster interface, and torch's intra-op threads set to the node's cores per
-local rank where a node has several - so ``init_process_group(backend)`` with ``env://`` (or ``tcp://{master_url}``) finds
-its peers unchanged.
+local rank where a node has several - so ``init_process_group(backend)`` with ``env://`` (or
+``tcp://{master_url}``) finds its peers unchanged.
 
 Before the script runs, every rank checks in with rank 0 at MASTER_ADDR within ``JOIN_TIMEOUT_S``:
 torch's own rendezvous waits 30 minutes for a peer that cannot reach rank 0 (a wrong interface, a

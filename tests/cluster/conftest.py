@@ -86,7 +86,7 @@ def playbook(testbed) -> Playbook:
 def _probe_image_archive(bed: Testbed) -> str:
     """A one-file image saved from node1's engine, then removed there, for the images role to load."""
     n = bed.state.head
-    docker = ["docker", "-H", f"unix://{n.docker_sock}"]
+    docker = n.docker_cli
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         data = b"edgetrain testbed probe image\n"
@@ -196,7 +196,7 @@ class Cluster:
 
     def docker(self, node: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         n = next(n for n in self.bed.state.nodes if n.name == node)
-        return subprocess.run(["docker", "-H", f"unix://{n.docker_sock}", *args], capture_output=True, text=True, check=check, input=input)
+        return subprocess.run([*n.docker_cli, *args], capture_output=True, text=True, check=check, input=input)
 
     def leftovers(self) -> dict[str, list[str]]:
         """edgetrain containers on each node (there should never be any between commands)."""

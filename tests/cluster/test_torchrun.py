@@ -55,7 +55,7 @@ def through_torchrun(cluster, n: int) -> tuple[float, float]:
                        text=True, check=True, timeout=60)
     procs, start = [], time.monotonic()
     for i, node in enumerate(nodes):
-        cmd = ["docker", "-H", f"unix://{node.docker_sock}", "run", "--rm", "--name", f"torchrun-bench-{i}", "--network", "host",
+        cmd = [*node.docker_cli, "run", "--rm", "--name", f"torchrun-bench-{i}", "--network", "host",
                "-v", f"{work}:/work", "-v", f"{cluster.home}/datasets:/data:ro", "-w", "/work",
                "-e", "GLOO_SOCKET_IFNAME=eth0", "-e", "OMP_NUM_THREADS=1", images.TARGETS["amd64"].tag,
                "torchrun", "--nnodes", str(n), "--node_rank", str(i), "--nproc_per_node", "1",
@@ -66,7 +66,7 @@ def through_torchrun(cluster, n: int) -> tuple[float, float]:
         outs = [p.communicate(timeout=1800)[0] for p in procs]
     finally:
         for i, node in enumerate(nodes):
-            subprocess.run(["docker", "-H", f"unix://{node.docker_sock}", "rm", "-f", f"torchrun-bench-{i}"], capture_output=True)
+            cluster.docker(node.name, "rm", "-f", f"torchrun-bench-{i}", check=False)
     wall = time.monotonic() - start
     assert [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + outs[0][-3000:]
     return wall, steady_rate(outs[0], n)

@@ -98,6 +98,11 @@ class Node:
         return f"{self.dir}/docker.sock"
 
     @property
+    def docker_cli(self) -> list[str]:
+        """The docker command, talking to this node's engine."""
+        return ["docker", "-H", f"unix://{self.docker_sock}"]
+
+    @property
     def docker_root(self) -> str:
         return f"{self.dir}/docker-data"
 
@@ -352,7 +357,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         )
         n.dockerd_pid = proc.pid
         deadline = time.monotonic() + 60
-        while run("docker", "-H", f"unix://{n.docker_sock}", "version", check=False).returncode != 0:
+        while run(*n.docker_cli, "version", check=False).returncode != 0:
             if time.monotonic() > deadline or not _alive(proc.pid):
                 raise RuntimeError(f"dockerd on {n.name} did not come up; see {n.dir}/dockerd.log")
             time.sleep(0.3)
