@@ -169,7 +169,7 @@ def listen_address(nodes: Nodes, host: Host) -> str | None:
 class NodeState:
     host: Host
     alive: bool
-    detail: str  # why not, when not alive
+    detail: str  # why not, when not alive; when alive, a close call worth saying (a slow link)
 
 
 class Containers:
@@ -301,7 +301,7 @@ class Containers:
         CONFIRM_TIMEOUT is taken as up (the next check looks again), one that does not is out of
         reach - two observations, a lost node in about 25 s instead of two checks' 40."""
         if self.nodes.answers(host):
-            return NodeState(host, True, "")
+            return NodeState(host, True, f"its shared connection failed ({err}) but a new one answered")
         self.unreachable.add(host.name)
         return NodeState(host, False, f"unreachable: {err}")
 

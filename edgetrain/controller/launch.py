@@ -404,9 +404,18 @@ class _Watch(threading.Thread):
         self.first_epoch: int | None = None
         self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
         self.back: inventory.Host | None = None
+        self.near_misses: dict[str, int] = {}  # per node: its shared connection failed, a new one answered
+
+    def noticed(self, host: inventory.Host, why: str) -> None:
+        """A node lost: said at once, since ending the attempt (and any restart) takes a while."""
+        self.failure = (host, why)
+        self.launch.request.log(f"edgetrain: {host.name}: {why}; ending this attempt")
 
     def _fail(self, host: inventory.Host | None, why: str) -> None:
-        self.failure = (host, why)
+        if host is None:
+            self.failure = (host, why)
+        else:
+            self.noticed(host, why)
         self.launch.runtime.stop()
 
     def run(self) -> None:
@@ -424,6 +433,13 @@ class _Watch(threading.Thread):
                 continue
             if self.finished.is_set():
                 return
+            for st in states:
+                if st.alive and st.detail:
+                    # A near miss: a link this slow is one hiccup from ending the run. Each is
+                    # said, with how many there were: one is a hiccup, many a failing cable.
+                    self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
+                    self.launch.request.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
+                                            f"({self.near_misses[st.host.name]} time(s) this attempt)")
             dead = next((st for st in states if not st.alive), None)
             if dead is not None:
                 return self._fail(dead.host, dead.detail)
@@ -584,8 +600,7 @@ def _await_dead_node(rt: runtimes.Runtime, watch: _Watch, seconds: float = 5.0) 
             return  # nothing to watch (the host runtime)
         dead = [st for st in states if not st.alive]
         if dead:
-            watch.failure = (dead[0].host, dead[0].detail)
-            return
+            return watch.noticed(dead[0].host, dead[0].detail)
         time.sleep(0.5)
 
 

@@ -1,120 +1,32 @@
 """Faults on the testbed's container cluster, as a real Pi cluster meets them: a worker's container
 killed, a worker's or the head's link going dark, the controller killed, two resumes of one run, the
-rank-0 node's disk full during a checkpoint. Each asserts how soon it is noticed, what is said,
+rank-0 node's disk full during a checkpoint; and a node slow to answer, which must not be taken
+for a lost one. Each asserts how soon it is noticed, what is said,
 the exit code, that no container is left on any node, and that the resume which follows completes.
 The figures go to the testbed report."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 
 from edgetrain.controller import preflight
-from tests.conftest import ROOT, edgetrain
+from tests.conftest import descendants, edgetrain
 
 from .conftest import Cluster
+from .long_run import LEASE, NP, STEPS, LongRun, fault_cluster, gone_within, resume_completes, saved
 from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
-LEASE = 30  # edgetrain_lease_seconds on this inventory: containers of a lost controller end within it
-STEPS = ("--max-steps", "10")
-NP = ("--np", "3")  # one rank per node: rank 0 on node1, 1 on node2, 2 on node3
-
-
 @pytest.fixture(scope="module")
 def faults(cluster) -> Cluster:
-    """The container cluster with a short lease, so a node cut off is back to clean soon."""
-    return Cluster(cluster.bed, cluster.docker_inventory("docker-faults.yml", head_slots=1, edgetrain_lease_seconds=LEASE),
-                   cluster.env, cluster.runs)
-
-
-class LongRun:
-    """`edgetrain run lenet` across the nodes in the background, as a user starts it in a terminal."""
-
-    def __init__(self, c: Cluster, *extra: str, epochs: int = 40) -> None:
-        self.c = c
-        self.runs_before = c.run_ids()
-        cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", *NP, "-i", c.inventory, "--epochs", str(epochs),
-               *STEPS, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                     env={**os.environ, **c.env}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        self.out: list[str] = []
-        self.err: list[str] = []
-        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()
-
-    def __enter__(self) -> LongRun:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        """Whatever the test did, the run ends (Ctrl-C, as a user would) and leaves nothing."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        gone_within(self.c, LEASE + 30)
-
-    def _until(self, what: str, ready, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert self.proc.poll() is None, f"the run ended before {what}:\n{''.join(self.out)}{''.join(self.err)}"
-            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-            time.sleep(0.5)
-
-    def run_id(self) -> str:
-        self._until("run id", lambda: self.c.run_ids() - self.runs_before, 600)
-        return self.c.new_run(self.runs_before)
-
-    def checkpoint(self, epoch: int = 1) -> str:
-        rid = self.run_id()
-        self._until(f"checkpoint {epoch}", lambda: f"epoch-{epoch:04d}" in self.c.node_ls("node1", f"{self.c.home}/runs/{rid}/checkpoints"), 600)
-        return rid
-
-    def wait(self, timeout: float = 180) -> tuple[int, float, str]:
-        start = time.monotonic()
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        time.sleep(0.5)  # the readers catch up
-        return code, time.monotonic() - start, "".join(self.err)
-
-
-def saved(c: Cluster, rid: str) -> int:
-    return max(int(n.split("-")[1]) for n in c.node_ls("node1", f"{c.home}/runs/{rid}/checkpoints") if n.startswith("epoch-"))
-
-
-def resume_completes(c: Cluster, rid: str) -> int:
-    """Resume one epoch past the newest checkpoint; returns the epoch it resumed from."""
-    done = saved(c, rid)
-    r = edgetrain("run", "lenet", *NP, "-i", c.inventory, "--epochs", str(done + 1), *STEPS, "--resume", rid,
-                  env=c.env, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    info = c.run_json(rid)
-    assert info["status"] == "completed" and info["attempts"][-1]["resumed_from_epoch"] == done
-    return done
-
-
-def gone_within(c: Cluster, seconds: float) -> float:
-    """Seconds until no edgetrain container is left on any node."""
-    start = time.monotonic()
-    while c.leftovers():
-        assert time.monotonic() - start < seconds, f"containers left: {c.leftovers()}"
-        time.sleep(1)
-    return time.monotonic() - start
+    return fault_cluster(cluster)
 
 
 def test_a_killed_worker_container_ends_the_run_naming_it(faults, report):
@@ -164,18 +76,21 @@ def test_a_lost_worker_node_is_left_out_then_taken_back_and_the_run_completes(fa
         cut = time.monotonic()
         run("ip", "link", "set", node3.veth, "down")
         try:
-            job._until("restart", lambda: any("restarting on node1, node2" in line for line in job.err), 180)
+            job.until("restart", lambda: any("restarting on node1, node2" in line for line in job.err), 180)
             noticed = time.monotonic() - cut
         finally:
             run("ip", "link", "set", node3.veth, "up")
             faults.bed.wait_ssh(node3)
-        job._until("node3 taken back", lambda: any("node3 answers again" in line for line in job.err), 300)
+        job.until("node3 taken back", lambda: any("node3 answers again" in line for line in job.err), 300)
         back = time.monotonic() - cut
         code, _, err = job.wait(600)
         total = time.monotonic() - cut
     assert code == 0, err[-3000:]
     assert "edgetrain: node3 lost (unreachable" in err and "with 2 ranks from the newest intact checkpoint (0 restart(s) left)" in err, err
     assert "edgetrain: node3 answers again; restarting on 3 nodes with 3 ranks" in err, err
+    # Said as soon as it was noticed, before the attempt's end and the restart's line
+    noticed = job.said("edgetrain: node3: unreachable")
+    assert noticed is not None and noticed < job.said("restarting on node1, node2"), job.out
     info = faults.run_json(rid)
     assert info["status"] == "completed", info
     assert [a["np"] for a in info["attempts"]] == [3, 2, 3]
@@ -191,6 +106,30 @@ def test_a_lost_worker_node_is_left_out_then_taken_back_and_the_run_completes(fa
         f"first step {shrunk_attempt['first_step_s']} s, resumed from epoch {shrunk_attempt['resumed_from_epoch']} on 2 nodes "
         f"(epochs {shrunk[0]}-{shrunk[-1]} there); node3 taken back {back:.0f} s after the cut, launch to first step "
         f"{back_attempt['first_step_s']} s; completed {total:.0f} s after the cut")
+
+
+def test_a_node_slow_to_answer_is_warned_about_not_called_lost(faults):
+    """node2's ssh sessions (the controller's shared connection among them) stalled past ssh's
+    15 s: the watcher's check through that connection times out, a new connection gets through,
+    and the run goes on with a warning naming node2 - a near miss, not a lost node."""
+    node2 = faults.bed.state.nodes[1]
+    with LongRun(faults) as job:
+        job.checkpoint()
+        stalled = descendants(node2.sshd_pid)  # sshd's sessions on node2, not sshd itself
+        for pid in stalled:
+            with contextlib.suppress(ProcessLookupError):  # a command that just ended
+                os.kill(pid, signal.SIGSTOP)
+        try:
+            job.until("a near miss", lambda: job.said("warning: node2: its shared connection failed"), 90)
+        finally:
+            for pid in stalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        time.sleep(5)  # a check or two more on node2, answered as before
+        assert job.proc.poll() is None and not job.said("ending this attempt"), "".join(job.out + job.err)[-3000:]
+        job.proc.send_signal(signal.SIGINT)
+        assert job.wait(120)[0] == 130
+    assert faults.leftovers() == {}
 
 
 def test_a_killed_controller_leaves_containers_that_end_themselves(faults, report, tmp_path):
@@ -215,7 +154,7 @@ def test_a_killed_controller_leaves_containers_that_end_themselves(faults, repor
 def test_a_second_resume_of_a_live_run_is_refused_and_changes_nothing(faults):
     with LongRun(faults) as first:
         rid = first.checkpoint()
-        second = edgetrain("run", "lenet", *NP, "-i", faults.inventory, "--epochs", "40", *STEPS, "--resume", rid, env=faults.env)
+        second = edgetrain("run", "lenet", *NP, "-i", faults.inventory, "--epochs", "40", "--max-steps", str(STEPS), "--resume", rid, env=faults.env)
         assert second.returncode == 1
         assert f"run {rid} is in use by pid {first.proc.pid}" in second.stderr.strip().splitlines()[-1]
         assert first.proc.poll() is None and faults.docker("node2", "inspect", f"edgetrain-{rid}", check=False).returncode == 0

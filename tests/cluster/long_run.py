@@ -1,0 +1,119 @@
+"""`edgetrain run lenet` across the testbed's container nodes in the background, as a user starts it
+in a terminal: what the fault tests and the restart benchmark cut, kill and time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from tests.conftest import ROOT, edgetrain
+
+from .conftest import Cluster
+
+LEASE = 30  # edgetrain_lease_seconds of the fault inventory: containers of a lost controller end within it
+NP = ("--np", "3")  # one rank per node: rank 0 on node1, 1 on node2, 2 on node3
+STEPS = 10  # steps an epoch: the fault tests' epochs are short
+
+
+def fault_cluster(cluster: Cluster) -> Cluster:
+    """The container cluster with a short lease, so a node cut off is back to clean soon."""
+    return Cluster(cluster.bed, cluster.docker_inventory("docker-faults.yml", head_slots=1, edgetrain_lease_seconds=LEASE),
+                   cluster.env, cluster.runs)
+
+
+class LongRun:
+    """The run, its console lines kept as they arrive, each with the monotonic time it came."""
+
+    def __init__(self, c: Cluster, *extra: str, epochs: int = 40, max_steps: int | None = STEPS) -> None:
+        self.c = c
+        self.runs_before = c.run_ids()
+        steps = ("--max-steps", str(max_steps)) if max_steps else ()
+        cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", *NP, "-i", c.inventory, "--epochs", str(epochs), *steps, *extra]
+        self.started = time.monotonic()
+        self.ended: float | None = None  # once wait() saw it end
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env={**os.environ, **c.env}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.timed: list[tuple[float, str]] = []
+        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            threading.Thread(target=self._read, args=(stream, sink), daemon=True).start()
+
+    def _read(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            self.timed.append((time.monotonic(), line))
+
+    def __enter__(self) -> LongRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Whatever the test did, the run ends (Ctrl-C, as a user would) and leaves nothing."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        gone_within(self.c, LEASE + 30)
+
+    def until(self, what: str, ready, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the run ended before {what}:\n{''.join(self.out)}{''.join(self.err)}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+            time.sleep(0.5)
+
+    def said(self, text: str) -> float | None:
+        """When a console line holding ``text`` first came, if it has."""
+        return next((t for t, line in list(self.timed) if text in line), None)
+
+    def run_id(self) -> str:
+        self.until("run id", lambda: self.c.run_ids() - self.runs_before, 600)
+        return self.c.new_run(self.runs_before)
+
+    def checkpoint(self, epoch: int = 1) -> str:
+        rid = self.run_id()
+        self.until(f"checkpoint {epoch}", lambda: f"epoch-{epoch:04d}" in self.c.node_ls("node1", f"{self.c.home}/runs/{rid}/checkpoints"), 600)
+        return rid
+
+    def wait(self, timeout: float = 180) -> tuple[int, float, str]:
+        start = time.monotonic()
+        try:
+            code = self.proc.wait(timeout=timeout)
+            self.ended = time.monotonic()
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        time.sleep(0.5)  # the readers catch up
+        return code, time.monotonic() - start, "".join(self.err)
+
+
+def saved(c: Cluster, rid: str) -> int:
+    return max(int(n.split("-")[1]) for n in c.node_ls("node1", f"{c.home}/runs/{rid}/checkpoints") if n.startswith("epoch-"))
+
+
+def resume_completes(c: Cluster, rid: str) -> int:
+    """Resume one epoch past the newest checkpoint; returns the epoch it resumed from."""
+    done = saved(c, rid)
+    r = edgetrain("run", "lenet", *NP, "-i", c.inventory, "--epochs", str(done + 1), "--max-steps", str(STEPS), "--resume", rid,
+                  env=c.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    info = c.run_json(rid)
+    assert info["status"] == "completed" and info["attempts"][-1]["resumed_from_epoch"] == done
+    return done
+
+
+def gone_within(c: Cluster, seconds: float) -> float:
+    """Seconds until no edgetrain container is left on any node."""
+    start = time.monotonic()
+    while c.leftovers():
+        assert time.monotonic() - start < seconds, f"containers left: {c.leftovers()}"
+        time.sleep(1)
+    return time.monotonic() - start
