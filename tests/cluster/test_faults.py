@@ -89,8 +89,8 @@ def test_a_lost_worker_node_is_left_out_then_taken_back_and_the_run_completes(fa
     assert "edgetrain: node3 lost (unreachable" in err and "with 2 ranks from the newest intact checkpoint (0 restart(s) left)" in err, err
     assert "edgetrain: node3 answers again; restarting on 3 nodes with 3 ranks" in err, err
     # Said as soon as it was noticed, before the attempt's end and the restart's line
-    noticed = job.said("edgetrain: node3: unreachable")
-    assert noticed is not None and noticed < job.said("restarting on node1, node2"), job.out
+    said_lost = job.said("edgetrain: node3: unreachable")
+    assert said_lost is not None and said_lost < job.said("restarting on node1, node2"), job.out
     info = faults.run_json(rid)
     assert info["status"] == "completed", info
     assert [a["np"] for a in info["attempts"]] == [3, 2, 3]
