@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgetrain import __version__
-from edgetrain.controller import blame, containers, inventory, placement, requirements, runtimes
+from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
@@ -405,6 +405,13 @@ class _Watch(threading.Thread):
         self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
         self.back: inventory.Host | None = None
         self.near_misses: dict[str, int] = {}  # per node: its shared connection failed, a new one answered
+        self.rounds = 0  # looks completed, each announced on ``looked``
+        self.looked = threading.Condition()
+        self.hurry = threading.Event()  # set: look again at once, not after the interval
+
+    def end(self) -> None:
+        self.finished.set()
+        self.hurry.set()
 
     def noticed(self, host: inventory.Host, why: str) -> None:
         """A node lost: said at once, since ending the attempt (and any restart) takes a while."""
@@ -419,31 +426,48 @@ class _Watch(threading.Thread):
         self.launch.runtime.stop()
 
     def run(self) -> None:
-        while not self.finished.wait(self.interval):
-            now = time.monotonic()
-            if now - self.last_output > self.hang_timeout:
-                return self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
-            if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
-                return self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
-            if self._took_back():
-                return
-            try:
-                states = self.launch.runtime.states()
-            except EdgetrainError:
-                continue
+        while True:
+            self.hurry.wait(self.interval)
             if self.finished.is_set():
                 return
-            for st in states:
-                if st.alive and st.detail:
-                    # A near miss: a link this slow is one hiccup from ending the run. Each is
-                    # said, with how many there were: one is a hiccup, many a failing cable.
-                    self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
-                    self.launch.request.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
-                                            f"({self.near_misses[st.host.name]} time(s) this attempt)")
-            dead = next((st for st in states if not st.alive), None)
-            if dead is not None:
-                return self._fail(dead.host, dead.detail)
+            try:
+                over = self._look()
+            finally:
+                with self.looked:
+                    self.rounds += 1
+                    self.looked.notify_all()
+            if over:
+                return
 
+    def _look(self) -> bool:
+        """One look at the run; True once it is over for the watch (a verdict, or a node back)."""
+        now = time.monotonic()
+        if now - self.last_output > self.hang_timeout:
+            self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
+            return True
+        if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
+            self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
+            return True
+        if self._took_back():
+            return True
+        try:
+            states = self.launch.runtime.states()
+        except EdgetrainError:
+            return False
+        if self.finished.is_set():
+            return True
+        for st in states:
+            if st.alive and st.detail:
+                # A near miss: a link this slow is one hiccup from ending the run. Each is
+                # said, with how many there were: one is a hiccup, many a failing cable.
+                self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
+                self.launch.request.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
+                                        f"({self.near_misses[st.host.name]} time(s) this attempt)")
+        dead = next((st for st in states if not st.alive), None)
+        if dead is not None:
+            self._fail(dead.host, dead.detail)
+            return True
+        return False
 
     def _took_back(self) -> bool:
         """Once an epoch begins after one this attempt trained (and checkpointed), look for the
@@ -587,21 +611,19 @@ def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:
     return code
 
 
-def _await_dead_node(rt: runtimes.Runtime, watch: _Watch, seconds: float = 5.0) -> None:
-    """Hydra often ends first when a node goes (its ssh connection closes), sometimes before
-    Docker has recorded the container's end: look for the dead one for a few seconds."""
-    deadline = time.monotonic() + seconds
-    while watch.failure is None and time.monotonic() < deadline:
-        try:
-            states = rt.states()
-        except EdgetrainError:
-            return
-        if not states:
-            return  # nothing to watch (the host runtime)
-        dead = [st for st in states if not st.alive]
-        if dead:
-            return watch.noticed(dead[0].host, dead[0].detail)
-        time.sleep(0.5)
+def _await_dead_node(rt: runtimes.Runtime, watch: _Watch) -> None:
+    """mpirun ended with an error: was a node lost? Hydra often ends first (its ssh connection to
+    the node closes), before Docker has recorded a container's end or while the watcher's look at
+    a node out of reach still waits on ssh (a head cut off took 33 s to be named when this asked
+    again itself, 25 s being the watcher's own time). So the watcher's verdict is awaited: two more
+    of its looks, back to back (the one under way may have begun before mpirun ended), or a lost node."""
+    if not rt.has_nodes:
+        return
+    with watch.looked:
+        start = watch.rounds
+        watch.hurry.set()
+        watch.looked.wait_for(lambda: watch.failure is not None or watch.rounds >= start + 2 or not watch.is_alive(),
+                              timeout=remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT + 2 * watch.interval)
 
 
 def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> None:
@@ -616,7 +638,7 @@ def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> No
 def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: Status) -> list[str]:
     """After any end: the watcher stopped, mpirun gone, the runtime's cleanup, the end recorded
     and the lock released. Returns the problems the cleanup met."""
-    watch.finished.set()
+    watch.end()
     # The watcher may be removing containers itself: let it finish before the final cleanup.
     watch.join(timeout=120)
     if proc.poll() is None:

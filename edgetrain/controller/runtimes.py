@@ -138,6 +138,8 @@ class Runtime:
         """The ``mpirun`` started from ``mpirun()``'s command line, in a session of its own."""
         self.mpirun_process = process
 
+    has_nodes: ClassVar[bool] = False  # whether states() looks at the run's nodes (its containers) or at nothing
+
     def states(self) -> list[containers.NodeState]:
         """Each node's state while the run goes on; empty when there is nothing to watch."""
         return []
@@ -241,6 +243,7 @@ class DockerRuntime(Runtime):
 
     name: ClassVar[str] = "docker"
     python: ClassVar[str] = containers.PYTHON
+    has_nodes: ClassVar[bool] = True
     reports: list[preflight.NodeReport]  # what preflight found on each node
     containers: containers.Containers | None = None  # once started
 
