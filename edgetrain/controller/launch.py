@@ -413,16 +413,11 @@ class _Watch(threading.Thread):
         self.finished.set()
         self.hurry.set()
 
-    def noticed(self, host: inventory.Host, why: str) -> None:
-        """A node lost: said at once, since ending the attempt (and any restart) takes a while."""
-        self.failure = (host, why)
-        self.launch.request.log(f"edgetrain: {host.name}: {why}; ending this attempt")
-
     def _fail(self, host: inventory.Host | None, why: str) -> None:
-        if host is None:
-            self.failure = (host, why)
-        else:
-            self.noticed(host, why)
+        self.failure = (host, why)
+        if host is not None:
+            # Said at once: ending the attempt (and any restart) takes a while.
+            self.launch.request.log(f"edgetrain: {host.name}: {why}; ending this attempt")
         self.launch.runtime.stop()
 
     def run(self) -> None:

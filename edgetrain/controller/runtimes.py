@@ -56,6 +56,7 @@ class Runtime:
 
     name: ClassVar[str] = ""
     python: ClassVar[str] = sys.executable  # the ranks' Python
+    has_nodes: ClassVar[bool] = False  # whether states() looks at the run's nodes (its containers) or at nothing
     plan: Placement
     inventory: Inventory
     nodes: Nodes
@@ -137,8 +138,6 @@ class Runtime:
     def attach(self, process: subprocess.Popen) -> None:
         """The ``mpirun`` started from ``mpirun()``'s command line, in a session of its own."""
         self.mpirun_process = process
-
-    has_nodes: ClassVar[bool] = False  # whether states() looks at the run's nodes (its containers) or at nothing
 
     def states(self) -> list[containers.NodeState]:
         """Each node's state while the run goes on; empty when there is nothing to watch."""
