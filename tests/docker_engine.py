@@ -7,12 +7,15 @@ stopped by the pid it was started with.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,46 +85,90 @@ def why_unavailable() -> str | None:
     return None
 
 
-def start(root: Path | None = None, *, netns: str | None = None, timeout: float = 90) -> DockerEngine:
+# Where an engine keeps what, below its root: one layout for every engine the tests start.
+DATA, EXEC, SOCKET, PIDFILE, LOG = "data", "exec", "docker.sock", "docker.pid", "dockerd.log"
+# dockerd gives the containerd it starts 15 s to answer, then exits ("timeout waiting for containerd
+# to start"): a disk or CPU stalled that long by something else ends a start that would have worked.
+START_ATTEMPTS = 3
+
+
+def start(root: Path | None = None, *, enter: Sequence[str] = (), cgroup: CpuGroup | None = None,
+          timeout: float = 90) -> DockerEngine:
     """Start dockerd under ``root`` (a new temp dir when None; a given root is kept, for caching).
 
-    With ``netns`` the engine runs in that network namespace (through nsenter: ``ip netns exec``
-    remounts /sys and dockerd then fails), so ``--network host`` containers see the node's address.
+    ``enter`` prefixes the command (an ``nsenter`` into a testbed node's namespaces, so that
+    ``--network host`` containers see the node's address). Its containers go below ``cgroup``, or
+    below a group of the engine's own, removed when it stops. An engine that exits while starting is
+    started again, up to START_ATTEMPTS times, each exit's log shown as a warning; the last one
+    raises with it.
     """
     keep = root is not None
     root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="edgetrain-docker-"))
     root.mkdir(parents=True, exist_ok=True)
-    sock = root / "docker.sock"
+    own_cgroup = cgroup is None
+    # By default its containers (image builds among them) go in a group of its own below the one
+    # the tests run in: they share its CPU (tests/capped.py), and the group goes with the engine
+    # (dockerd leaves its default /docker behind).
+    group = CpuGroup.mine(root.name) if own_cgroup else cgroup
     cmd = [
-        "dockerd",
-        "--data-root", str(root / "data"),
-        "--exec-root", str(root / "exec"),
-        "-H", f"unix://{sock}",
-        "--pidfile", str(root / "docker.pid"),
+        *enter, "dockerd",
+        "--data-root", str(root / DATA),
+        "--exec-root", str(root / EXEC),
+        "-H", f"unix://{root / SOCKET}",
+        "--pidfile", str(root / PIDFILE),
         "--storage-driver", "overlay2",
         "--iptables=false",
         "--ip-masq=false",
         "--bridge=none",
+        f"--cgroup-parent=/{group.name}",
     ]
-    # Its containers (image builds among them) in a group of its own below the one the tests run
-    # in: they share its CPU (tests/capped.py), and the group goes with the engine (dockerd
-    # leaves its default /docker behind).
-    cgroup = CpuGroup.mine(root.name)
-    cmd.append(f"--cgroup-parent=/{cgroup.name}")
-    if netns:
-        cmd = ["nsenter", f"--net=/var/run/netns/{netns}", *cmd]
-    log = (root / "dockerd.log").open("ab")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    log.close()
-    engine = DockerEngine(root=root, host=f"unix://{sock}", process=process, keep_root=keep, cgroup=cgroup)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = (root / "dockerd.log").read_text(errors="replace")[-2000:]
-            engine.stop()
-            raise RuntimeError(f"dockerd exited with {process.returncode}:\n{tail}")
-        if sock.exists() and reachable(engine.host):
-            return engine
-        time.sleep(0.5)
-    engine.stop()
-    raise RuntimeError(f"dockerd under {root} did not answer within {timeout:.0f}s")
+    attempt = 0
+    while True:
+        attempt += 1
+        with (root / LOG).open("ab") as log:
+            offset = log.tell()
+            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+        engine = DockerEngine(root=root, host=f"unix://{root / SOCKET}", process=process, keep_root=keep,
+                              cgroup=group if own_cgroup else None)
+        while time.monotonic() < deadline and process.poll() is None:
+            if (root / SOCKET).exists() and reachable(engine.host):
+                return engine
+            time.sleep(0.5)
+        said = _log_tail(root / LOG, offset)
+        exited = process.poll()
+        if exited is not None and attempt < START_ATTEMPTS and time.monotonic() < deadline:
+            warnings.warn(f"dockerd under {root} exited with {exited} while starting (attempt {attempt}); "
+                          f"starting it again. It said:\n{said}", stacklevel=2)
+            _end_abandoned_containerd(root)
+            continue
+        engine.stop()
+        if exited is None:
+            raise RuntimeError(f"dockerd under {root} did not answer within {timeout:.0f}s; it said:\n{said}")
+        raise RuntimeError(f"dockerd under {root} exited with {exited} (attempt {attempt}); it said:\n{said}")
+
+
+def _end_abandoned_containerd(root: Path, timeout: float = 10) -> None:
+    """End the containerd that a dockerd which gave up on it leaves behind, and its pidfile: the next
+    dockerd would otherwise adopt the pid (even as a zombie no one has reaped yet) and wait on it again."""
+    pidfile = root / EXEC / "containerd" / "containerd.pid"
+    try:
+        pid = int(pidfile.read_text())
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(OSError):
+        # A zombie's cmdline is empty: then there is nothing left to end.
+        if str(root).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and Path(f"/proc/{pid}/cmdline").read_bytes():
+                time.sleep(0.1)
+    pidfile.unlink(missing_ok=True)
+
+
+def _log_tail(log: Path, offset: int, lines: int = 15) -> str:
+    """The last lines one start of dockerd wrote to its log, from ``offset``."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from tests import docker_engine
+
 from .comm_core import comm_group
 from .cpugroup import CpuGroup
 from .emulation import Emulation
@@ -94,8 +96,13 @@ class Node:
         return CpuGroup(self.cgroup_path or self.netns)
 
     @property
+    def docker_dir(self) -> Path:
+        """The root of the node's Docker engine (tests/docker_engine.py's layout)."""
+        return Path(self.dir) / "docker"
+
+    @property
     def docker_sock(self) -> str:
-        return f"{self.dir}/docker.sock"
+        return str(self.docker_dir / docker_engine.SOCKET)
 
     @property
     def docker_cli(self) -> list[str]:
@@ -104,7 +111,7 @@ class Node:
 
     @property
     def docker_root(self) -> str:
-        return f"{self.dir}/docker-data"
+        return str(self.docker_dir / docker_engine.DATA)
 
 
 @dataclass
@@ -347,20 +354,9 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             time.sleep(0.2)
 
     def _docker_up(self, n: Node) -> None:
-        proc = subprocess.Popen(
-            ["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts",
-             "dockerd", "--data-root", n.docker_root, "--exec-root", f"{n.dir}/docker-exec",
-             "--pidfile", f"{n.dir}/docker.pid", "-H", f"unix://{n.docker_sock}",
-             "--iptables=false", "--ip-masq=false", "--bridge=none", f"--cgroup-parent=/{n.cgroup.name}"],
-            stdin=subprocess.DEVNULL, stdout=open(Path(n.dir) / "dockerd.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        n.dockerd_pid = proc.pid
-        deadline = time.monotonic() + 60
-        while run(*n.docker_cli, "version", check=False).returncode != 0:
-            if time.monotonic() > deadline or not _alive(proc.pid):
-                raise RuntimeError(f"dockerd on {n.name} did not come up; see {n.dir}/dockerd.log")
-            time.sleep(0.3)
+        engine = docker_engine.start(n.docker_dir, enter=("nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts"),
+                                     cgroup=n.cgroup, timeout=60)
+        n.dockerd_pid = engine.pid
 
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
