@@ -63,6 +63,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.001)
     p.add_argument("--steps-per-epoch", type=int, default=None, help="at most this many steps an epoch (a quick run)")
+    p.add_argument("--log-interval", type=int, default=100, help="rank 0 prints the loss every this many steps (the first among them)")
     p.add_argument("--data", type=Path, default=Path(os.environ.get("EDGETRAIN_DATA", "data")) / "mnist")
     args = p.parse_args()
 
@@ -87,6 +88,7 @@ def main():
         sampler.set_epoch(epoch)
         model.train()
         start, seen, total = time.monotonic(), 0, 0.0
+        steps = min(len(loader), args.steps_per_epoch or len(loader))
         for step, (xb, yb) in enumerate(loader):
             if args.steps_per_epoch and step >= args.steps_per_epoch:
                 break
@@ -96,9 +98,11 @@ def main():
             loss.backward()
             opt.step()
             seen, total = seen + len(xb), total + loss.item()
+            if rank == 0 and step % args.log_interval == 0:
+                print(f"epoch {epoch + 1}/{args.epochs} step {step + 1}/{steps}: loss {loss.item():.4f}", flush=True)
         rate = seen * world / (time.monotonic() - start)
         if rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}: loss {total / max(1, step):.4f}, {rate:,.0f} img/s on {world} ranks", flush=True)
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {total / steps:.4f}, {rate:,.0f} img/s on {world} ranks", flush=True)
 
     # Each rank scores its share of the test set; the counts are summed over the ranks.
     model.eval()

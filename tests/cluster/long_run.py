@@ -25,7 +25,34 @@ def fault_cluster(cluster: Cluster) -> Cluster:
                    cluster.env, cluster.runs)
 
 
-class LongRun:
+class TimedOutput:
+    """A process's output read as it comes: its lines per stream, and every line with the monotonic
+    time it came."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.timed: list[tuple[float, str]] = []
+        self.readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
+                        for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)) if stream is not None]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            self.timed.append((time.monotonic(), line))
+
+    def said(self, text: str) -> float | None:
+        """When a line holding ``text`` first came, if it has."""
+        return next((t for t, line in list(self.timed) if text in line), None)
+
+    def console(self, since: float) -> str:
+        """Every line with the seconds it came after ``since``."""
+        return "".join(f"{t - since:7.1f} {line}" for t, line in self.timed)
+
+
+class LongRun(TimedOutput):
     """The run, its console lines kept as they arrive, each with the monotonic time it came."""
 
     def __init__(self, c: Cluster, *extra: str, epochs: int = 40, max_steps: int | None = STEPS) -> None:
@@ -37,16 +64,7 @@ class LongRun:
         self.ended: float | None = None  # once wait() saw it end
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                      env={**os.environ, **c.env}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.timed: list[tuple[float, str]] = []
-        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=self._read, args=(stream, sink), daemon=True).start()
-
-    def _read(self, stream, sink: list[str]) -> None:
-        for line in stream:
-            sink.append(line)
-            self.timed.append((time.monotonic(), line))
+        super().__init__(self.proc)
 
     def __enter__(self) -> LongRun:
         return self
@@ -68,10 +86,6 @@ class LongRun:
             assert self.proc.poll() is None, f"the run ended before {what}:\n{''.join(self.out)}{''.join(self.err)}"
             assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
             time.sleep(0.5)
-
-    def said(self, text: str) -> float | None:
-        """When a console line holding ``text`` first came, if it has."""
-        return next((t for t, line in list(self.timed) if text in line), None)
 
     def run_id(self) -> str:
         self.until("run id", lambda: self.c.run_ids() - self.runs_before, 600)

@@ -56,7 +56,7 @@ def finish(c: Cluster, job: LongRun, rid: str) -> Finished:
     assert code == 0, err[-3000:]
     assert c.leftovers() == {}
     # The console as it came, each line at its second from the command: where a run's time went.
-    (c.runs / rid / "console.txt").write_text("".join(f"{t - job.started:7.1f} {line}" for t, line in job.timed))
+    (c.runs / rid / "console.txt").write_text(job.console(job.started))
     metrics = c.metrics(rid)
     assert [m["epoch"] for m in metrics][-1] == EPOCHS, metrics
     return Finished(wall, metrics[-1]["val_accuracy"], [m["ranks"] for m in metrics], c.run_json(rid), job)

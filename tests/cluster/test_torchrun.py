@@ -1,6 +1,9 @@
 """The DDP LeNet through edgetrain against the same script started by hand with torchrun in a
 container on each node - the way a torch user runs it without edgetrain - on the emulated Pi 4
-testbed, N = 1..3, one rank per node, interleaved so the machine's drift falls on both alike.
+testbed, N = 1..3, one rank per node, interleaved so the machine's drift falls on both alike:
+the second epoch's img/s, the time from the command to the first step (rank 0's first progress
+line as it comes) and the wall time. edgetrain's console, each line at its second, is kept in the
+run directory (console.txt): where its time went.
 
 A measurement, reported rather than asserted (-m bench): ``pytest -m bench tests/cluster/test_torchrun.py -s``.
 The emulation is the optimistic bracket (each node's communication threads on a core of their own,
@@ -9,22 +12,35 @@ idle nodes training stand-ins); see docs/scaling.md for what that favours.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from edgetrain.controller import images
-from tests.conftest import ROOT, edgetrain
+from tests.conftest import ROOT
+
+from .long_run import TimedOutput
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
 SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
 ARGS = ["--epochs", "2", "--steps-per-epoch", "20"]
 EPOCH = re.compile(r"epoch 2/2: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
+FIRST_STEP = "epoch 1/2 step 1/"
 PORT = 29610
+
+
+@dataclass
+class Timing:
+    wall: float
+    first_step: float  # seconds from the command to rank 0's first progress line
+    rate: float  # the second epoch's img/s
 
 
 def steady_rate(log: str, n: int) -> float:
@@ -34,17 +50,25 @@ def steady_rate(log: str, n: int) -> float:
     return float(found.group(1).replace(",", ""))
 
 
-def through_edgetrain(cluster, inventory: str, n: int) -> tuple[float, float]:
+def through_edgetrain(cluster, inventory: str, n: int) -> Timing:
     runs_before, start = cluster.run_ids(), time.monotonic()
-    r = edgetrain("run", str(SCRIPT), "--np", str(n), "--strategy", "torch", "-i", inventory, "--hang-timeout", "120", "--", *ARGS,
-                  env=cluster.env, timeout=1800)
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", str(SCRIPT), "--np", str(n), "--strategy", "torch",
+                             "-i", inventory, "--hang-timeout", "120", "--", *ARGS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **cluster.env})
+    said = TimedOutput(proc)
+    proc.wait(timeout=1800)
     wall = time.monotonic() - start
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    log = (cluster.runs / cluster.new_run(runs_before) / "rank.0.log").read_text()
-    return wall, steady_rate(log, n)
+    for reader in said.readers:
+        reader.join(timeout=60)
+    assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    run_dir = cluster.runs / cluster.new_run(runs_before)
+    (run_dir / "console.txt").write_text(said.console(start))
+    first = said.said(FIRST_STEP)
+    assert first is not None, "".join(said.out)[-3000:]
+    return Timing(wall, first - start, steady_rate((run_dir / "rank.0.log").read_text(), n))
 
 
-def through_torchrun(cluster, n: int) -> tuple[float, float]:
+def through_torchrun(cluster, n: int) -> Timing:
     """torchrun on each of the first n nodes, in the image, with the node's network and datasets: what
     a user types on every node (torch 1.13's torchrun takes its flags with underscores, and needs
     --redirects/--tee on Python 3.11)."""
@@ -62,14 +86,21 @@ def through_torchrun(cluster, n: int) -> tuple[float, float]:
                "--master_addr", nodes[0].address, "--master_port", str(PORT), "--redirects", "2", "--tee", "2",
                "train.py", *ARGS, "--data", "/data/mnist"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    said = [TimedOutput(p) for p in procs]
     try:
-        outs = [p.communicate(timeout=1800)[0] for p in procs]
+        for p in procs:
+            p.wait(timeout=1800)
+        for reader in (r for s in said for r in s.readers):
+            reader.join(timeout=60)
     finally:
         for i, node in enumerate(nodes):
             cluster.docker(node.name, "rm", "-f", f"torchrun-bench-{i}", check=False)
     wall = time.monotonic() - start
-    assert [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + outs[0][-3000:]
-    return wall, steady_rate(outs[0], n)
+    out = "".join(said[0].out)
+    assert [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + out[-3000:]
+    first = said[0].said(FIRST_STEP)
+    assert first is not None, out[-3000:]
+    return Timing(wall, first - start, steady_rate(out, n))
 
 
 def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, report):
@@ -81,10 +112,10 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
                                          edgetrain_mpi_env={"UCX_TLS": "tcp,self", "OMP_NUM_THREADS": "1"})
     rows = []
     for n in (1, 2, 3):
-        et_wall, et_rate = through_edgetrain(cluster, inventory, n)
-        tr_wall, tr_rate = through_torchrun(cluster, n)
-        rows.append(f"N={n}: edgetrain {et_rate:.0f} img/s in {et_wall:.1f} s, torchrun {tr_rate:.0f} img/s in {tr_wall:.1f} s, "
-                    f"ratio {et_rate / tr_rate:.2f}x img/s, {et_wall - tr_wall:+.1f} s wall")
+        et, tr = through_edgetrain(cluster, inventory, n), through_torchrun(cluster, n)
+        rows.append(f"N={n}: edgetrain {et.rate:.0f} img/s, first step {et.first_step:.1f} s, wall {et.wall:.1f} s; "
+                    f"torchrun {tr.rate:.0f} img/s, first step {tr.first_step:.1f} s, wall {tr.wall:.1f} s; "
+                    f"ratio {et.rate / tr.rate:.2f}x img/s, first step {et.first_step - tr.first_step:+.1f} s, wall {et.wall - tr.wall:+.1f} s")
         print(rows[-1], flush=True)
     report["torch DDP LeNet, emulated pi4 nodes, 2 x 20 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
     assert cluster.leftovers() == {}
