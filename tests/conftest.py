@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,6 +62,12 @@ def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Pa
         [sys.executable, "-m", "edgetrain", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT,
     )
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a process a test will Ctrl-C: a suite started in the background (``nohup
+    ... &``) ignores SIGINT and hands that down, where a terminal or a container would not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def project_script(tmp_path: Path, source: str) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sigint_default
 
 LIMIT = 1.5
 
@@ -23,7 +23,7 @@ def lease(tmp_path: Path, limit: float = LIMIT) -> tuple[subprocess.Popen, Path,
     marker = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain.rank.lease", str(tmp_path / "lease"), str(limit), "--",
                              "sh", "-c", f"touch {marker} && exec sleep 600"],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     return proc, tmp_path / "lease", marker
 
 

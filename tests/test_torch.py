@@ -19,7 +19,7 @@ import pytest
 
 from edgetrain.shared import runs
 
-from .conftest import ROOT, edgetrain, snapshot
+from .conftest import ROOT, edgetrain, sigint_default, snapshot
 from .test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.mpi
@@ -181,7 +181,7 @@ def test_ctrl_c_ends_every_torch_rank_and_the_run_can_continue(tmp_path):
     cmd = [sys.executable, "-m", "edgetrain", "run", str(EXAMPLES / "torch_ddp" / "train.py"), *TORCH, "--runs-dir", str(tmp_path),
            "--", "--epochs", "20"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_default)
     deadline = time.monotonic() + 240
     while not any(p.name == "rank.0.log" and "epoch" not in p.read_text() and "rank 0/2" in p.read_text()
                   for p in tmp_path.rglob("rank.0.log")):

@@ -15,7 +15,7 @@ import pytest
 from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.learning_rate import anneal
 
-from .conftest import ROOT, descendants, edgetrain
+from .conftest import ROOT, descendants, edgetrain, sigint_default
 
 pytestmark = pytest.mark.mpi
 
@@ -224,10 +224,8 @@ def alive(pid: int) -> bool:
 
 def long_run(root):
     cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "20", "--runs-dir", str(root)]
-    # A test session started in the background ignores SIGINT and its children inherit that; the CLI
-    # must start as it does from a terminal, where Ctrl-C reaches it.
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_default)
 
 
 def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from tests.conftest import ROOT, edgetrain
+from tests.conftest import ROOT, edgetrain, sigint_default
 
 from .conftest import Cluster
 
@@ -63,7 +63,7 @@ class LongRun(TimedOutput):
         self.started = time.monotonic()
         self.ended: float | None = None  # once wait() saw it end
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                     env={**os.environ, **c.env}, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                     env={**os.environ, **c.env}, preexec_fn=sigint_default)
         super().__init__(self.proc)
 
     def __enter__(self) -> LongRun:
