@@ -296,6 +296,21 @@ def _spreads(points: list[Point]) -> str:
     return f"{spreads[0]:.1%} to {spreads[-1]:.1%} (median {statistics.median(spreads):.1%})"
 
 
+def _still_holds(cached: Emulation, group_name: str, python: str, log) -> bool:
+    """Whether a cached quota still gives its rate, within MAX_TOLERANCE: this machine's speed
+    drifts by a fifth within two hours (the suite once failed its drift guard on a quota cached 1.6
+    hours before: 305 img/s for 250)."""
+    comm = cached.comm_quota_us / cached.period_us if cached.comm_quota_us else None
+    with SeedMeter(group_name, measurement_steps(cached.images_per_sec), python, comm_cores=comm,
+                   neighbours=cached.neighbours) as meter:
+        meter.limit(cached.quota_us, cached.period_us)
+        rate = statistics.median(meter.measure() for _ in range(MEASUREMENTS))
+    holds = abs(rate - cached.images_per_sec) <= MAX_TOLERANCE * cached.images_per_sec
+    log(f"calibration: the cached quota gives {rate:.0f} img/s now for {cached.images_per_sec:g}: "
+        + ("kept" if holds else "calibrating again"))
+    return holds
+
+
 def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
               python: str = sys.executable, comm: bool = True, neighbours: int = 0, log=print) -> Emulation:
     """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s; with
@@ -305,8 +320,10 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
     known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     hit = known.get(key, {}).get(f"{target:g}")
     if hit and time.time() - hit.get("made", 0) < CACHE_SECONDS:
-        return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
-                         quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"), neighbours=neighbours)
+        cached = Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
+                           quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"), neighbours=neighbours)
+        if _still_holds(cached, group_name, python, log):
+            return cached
 
     copy = copy_rate_mb_s() if comm else None
     pi_core = comm_cores(copy) if copy else None
