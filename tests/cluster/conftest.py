@@ -30,6 +30,8 @@ from .testbed import DEFAULT_ROOT, Testbed, run
 ROOT = Path(__file__).resolve().parents[2]
 DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
 PROBE_IMAGE = "edgetrain-testbed/probe:1"
+# Which emulation the benches run under (pi4 below): "optimistic" by default, or "pessimistic".
+BRACKET = os.environ.get("EDGETRAIN_TESTBED_BRACKET", "optimistic")
 
 
 def _missing_prerequisites() -> str | None:
@@ -67,7 +69,7 @@ def pi4(testbed) -> Emulation:
     core of its own, idle nodes training stand-ins). EDGETRAIN_TESTBED_BRACKET=pessimistic gives
     the other one, as the testbed's ``--comm shared --alone``: everything a node runs in one quota,
     calibrated alone, no stand-ins."""
-    pessimistic = os.environ.get("EDGETRAIN_TESTBED_BRACKET") == "pessimistic"
+    pessimistic = BRACKET == "pessimistic"
     return calibrate(PI4_RATES["pi4"], "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json",
                      comm=not pessimistic, neighbours=0 if pessimistic else len(testbed.state.nodes) - 1)
 

@@ -43,6 +43,11 @@ class TimedOutput:
             sink.append(line)
             self.timed.append((time.monotonic(), line))
 
+    def caught_up(self, timeout: float = 60) -> None:
+        """Once the process ended: every line it wrote read (its streams closed)."""
+        for reader in self.readers:
+            reader.join(timeout=timeout)
+
     def said(self, text: str) -> float | None:
         """When a line holding ``text`` first came, if it has."""
         return next((t for t, line in list(self.timed) if text in line), None)

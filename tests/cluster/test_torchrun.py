@@ -26,6 +26,7 @@ import pytest
 from edgetrain.controller import images
 from tests.conftest import ROOT
 
+from .conftest import BRACKET
 from .long_run import TimedOutput
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
@@ -59,8 +60,7 @@ def through_edgetrain(cluster, inventory: str, n: int) -> Timing:
     said = TimedOutput(proc)
     proc.wait(timeout=1800)
     wall = time.monotonic() - start
-    for reader in said.readers:
-        reader.join(timeout=60)
+    said.caught_up()
     assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
     run_dir = cluster.runs / cluster.new_run(runs_before)
     (run_dir / "console.txt").write_text(said.console(start))
@@ -91,8 +91,8 @@ def through_torchrun(cluster, n: int) -> Timing:
     try:
         for p in procs:
             p.wait(timeout=1800)
-        for reader in (r for s in said for r in s.readers):
-            reader.join(timeout=60)
+        for s in said:
+            s.caught_up()
     finally:
         for i, node in enumerate(nodes):
             cluster.docker(node.name, "rm", "-f", f"torchrun-bench-{i}", check=False)
@@ -118,6 +118,5 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
                     f"torchrun {tr.rate:.0f} img/s, first step {tr.first_step:.1f} s, wall {tr.wall:.1f} s; "
                     f"ratio {et.rate / tr.rate:.2f}x img/s, first step {et.first_step - tr.first_step:+.1f} s, wall {et.wall - tr.wall:+.1f} s")
         print(rows[-1], flush=True)
-    bracket = os.environ.get("EDGETRAIN_TESTBED_BRACKET", "optimistic")
-    report[f"torch DDP LeNet, emulated pi4 nodes ({bracket} bracket), 2 x 20 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
+    report[f"torch DDP LeNet, emulated pi4 nodes ({BRACKET} bracket), 2 x 20 steps: edgetrain vs torchrun by hand"] = "; ".join(rows)
     assert cluster.leftovers() == {}
