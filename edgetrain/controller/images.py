@@ -71,6 +71,8 @@ class Target:
     python: str  # the base image's python3 (bookworm: 3.11)
     glibc: int  # newest manylinux_2_N the base image's glibc runs
     debootstrap_base: bool  # a Debian base can be made with `edgetrain images base`
+    # torch from the wheelhouse (the CUDA image's); the CPU images take Debian's python3-torch with apt.
+    torch: tuple[str, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -90,7 +92,7 @@ TARGETS: dict[str, Target] = {
     "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", ("tensorflow-cpu",), "3.11", 36, True),
     # The CUDA image builds on the same Debian base as amd64: CUDA, cuDNN and NCCL come as
     # TensorFlow's pip wheels, nvcc (for Horovod's kernels only) from Debian's non-free archive.
-    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True),
+    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True, ("torch",)),
 }
 
 
@@ -193,7 +195,7 @@ def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement
 
 def wheelhouse_requirements(project_wheel: Path, tgt: Target) -> tuple[list[str], list[str]]:
     """(binary requirements, source-only requirements) for a target's wheelhouse."""
-    binary = [*tgt.tensorflow, *BUILD_REQUIREMENTS]
+    binary = [*tgt.tensorflow, *tgt.torch, *BUILD_REQUIREMENTS]
     for req in wheel_requirements(project_wheel, "train", tgt):
         name = req.name.lower()
         # The target decides which TensorFlow package (CPU, aarch64 or CUDA) goes in.
@@ -527,6 +529,7 @@ def build(
     args = {
         "TENSORFLOW_VERSION": pins.get("tensorflow"),
         "HOROVOD_VERSION": pins.get("horovod"),
+        "TORCH_VERSION": pins.get("torch"),
         "EDGETRAIN_VERSION": __version__,
         "GIT_REVISION": git_revision(),
         "BASE_IMAGE": base_image,

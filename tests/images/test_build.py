@@ -63,23 +63,14 @@ def test_two_rank_mpirun_allreduce(image):
         assert line.startswith(f"rank {rank}/2 mpi4py=3 horovod=3 lib=MPICH Version:")
 
 
-TORCH_CHECK = """
-import sys
-from importlib.machinery import SourceFileLoader
-lines, problems = SourceFileLoader("check", "/usr/local/bin/edgetrain-image-check").load_module().check_torch("1.13.1")
-print(*lines, sep="\\n")
-sys.exit("; ".join(problems) or None)
-"""
-
-
-def test_torch_trains_and_allreduces_over_gloo_in_the_cpu_images(image):
-    if image.tag.endswith("-cuda"):
-        pytest.skip("the CUDA image carries no torch yet")
-    arm64 = image.tag.endswith("-arm64")
+def test_torch_of_the_pinned_release_trains_and_allreduces_over_gloo_in_every_image(image):
+    arm64, cuda = image.tag.endswith("-arm64"), image.tag.endswith("-cuda")
+    check = ["edgetrain-image-check", "--torch-alone", "--torch", images.pinned_versions(images.constraints_file())["torch"]]
     # Under qemu the arm64 image runs as a Pi 4's CPU would (no LSE atomics), as its build's check does.
-    proc = run_in(image.tag, "python", "-c", TORCH_CHECK, env={"QEMU_CPU": "cortex-a72"} if arm64 else None)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_in(image.tag, *check, *(["--nccl"] if cuda else []), env={"QEMU_CPU": "cortex-a72"} if arm64 else None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "convolution forward and backward ok, two-process Gloo allreduce ok" in proc.stdout, proc.stdout
+    assert ("PyPI's" if cuda else "Debian's python3-torch") in proc.stdout, proc.stdout
     if arm64:
         assert "lacks, as a Pi 4 does, ARMv8.1 LSE atomics" in proc.stdout, proc.stdout
 

@@ -56,13 +56,24 @@ def test_every_python_package_comes_from_the_wheelhouse():
     assert "PIP_NO_INDEX=1" in env and 'PIP_FIND_LINKS="/wheels /built /project"' in env
     assert "PIP_CONSTRAINT=/opt/edgetrain/constraints.txt" in env
     pip_runs = [r for r in instructions(builder, "RUN") if re.search(r"\bpip (install|wheel)\b", r)]
-    assert len(pip_runs) == 4  # TensorFlow and build tools; Horovod; mpi4py; edgetrain
+    assert len(pip_runs) == 5  # TensorFlow and build tools; Horovod; mpi4py; edgetrain; torch
     text = DOCKERFILE.read_text()
     # The ENV comes before any pip, and nothing names an index, a URL or a download.
     assert text.index("PIP_NO_INDEX=1") < text.index("pip install")
     for forbidden in ("--index-url", "--extra-index-url", "pip download", "http://", "https://", "curl ", "wget "):
         assert forbidden not in text, forbidden
     assert not re.search(r"\bpip\b", " ".join(instructions(runtime, "RUN")))
+
+
+def test_torch_is_the_pinned_release_in_a_directory_of_its_own():
+    # Its nvidia-*-cu11 libraries share paths and names with TensorFlow's cu12 ones (libcudnn.so.8).
+    builder, runtime = stages()
+    (torch,) = [r for r in instructions(builder, "RUN") if "pip install --target" in r]
+    assert "pip install --target /opt/edgetrain/torch torch " in torch and "edgetrain-torch.pth" in torch
+    assert images.pinned_versions(images.constraints_file())["torch"] == "1.13.1"  # what the CPU images take from Debian
+    assert images.TARGETS["cuda"].torch == ("torch",) and not images.TARGETS["amd64"].torch
+    (check,) = [r for r in instructions(runtime, "RUN") if "edgetrain-image-check" in r]
+    assert '--torch "$TORCH_VERSION"' in check and 'org.edgetrain.torch.version="${TORCH_VERSION}"' in runtime
 
 
 def test_runtime_stage_installs_no_compiler():
@@ -97,7 +108,7 @@ def test_cuda_image_check_shows_nccl_and_loads_the_cuda_stack(cuda_built):
     pins = images.pinned_versions(images.constraints_file())
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", cuda_built.tag, "edgetrain-image-check", "--nccl", "--cuda", gpu.IMAGE_CUDA,
-         "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"]],
+         "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"], "--torch", pins["torch"]],
         capture_output=True, text=True, timeout=600,
     )
     print(proc.stdout)

@@ -76,17 +76,17 @@ def fake_wheel(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("name", "tensorflow", "machine_only"),
+    ("name", "frameworks", "machine_only"),
     [
         ("arm64", ["tensorflow", "tensorflow-cpu-aws"], ["aarch64-only"]),
         ("amd64", ["tensorflow-cpu"], []),
-        ("cuda", ["tensorflow[and-cuda]"], []),
+        ("cuda", ["tensorflow[and-cuda]", "torch"], []),  # the CPU images take Debian's torch with apt
     ],
 )
-def test_wheelhouse_requirements_follow_the_target(tmp_path, name, tensorflow, machine_only):
+def test_wheelhouse_requirements_follow_the_target(tmp_path, name, frameworks, machine_only):
     binary, source = images.wheelhouse_requirements(fake_wheel(tmp_path), images.TARGETS[name])
     assert source == ["horovod", "mpi4py"]
-    assert sorted(binary) == sorted({*tensorflow, "typer<1,>=0.12", *images.BUILD_REQUIREMENTS, *machine_only})
+    assert sorted(binary) == sorted({*frameworks, "typer<1,>=0.12", *images.BUILD_REQUIREMENTS, *machine_only})
 
 
 def test_platform_tags_stop_at_the_base_glibc():
