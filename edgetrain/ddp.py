@@ -96,6 +96,8 @@ class Progress:
         self.events = rank0_events(self.rank)
         self.last: dict = {}
         self.done, self.last_emit, self.epoch_start = 0, 0.0, time.time()
+        self.last_step_at = self.epoch_start
+        self.trained, self.images = 0.0, 0  # training seconds and images in the epochs before this one
         self.board = self._tensorboard()
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
                          versions={"torch": torch.__version__})
@@ -111,7 +113,7 @@ class Progress:
 
     def step(self, loss: float) -> None:
         self.done += 1
-        now = time.time()
+        now = self.last_step_at = time.time()
         if now - self.last_emit > REPORT_S or self.done == self.steps:
             self.last_emit = now
             ips = self.done * self.global_batch / max(now - self.epoch_start, 1e-9) if self.global_batch else None
@@ -120,21 +122,30 @@ class Progress:
 
     def epoch(self, loss: float | None = None, **metrics: float) -> dict:
         """The epoch's figures (the same on every rank, e.g. averaged with all_reduce): recorded on
-        rank 0, and the next epoch begins."""
-        seconds = time.time() - self.epoch_start
+        rank 0, and the next epoch begins. With ``val_accuracy`` among them, also an evaluation
+        record, from which `edgetrain bench` reads the time to its target accuracy."""
+        now = time.time()
+        seconds = self.last_step_at - self.epoch_start  # training steps only: not the evaluation after them
+        self.trained, self.images = self.trained + seconds, self.images + self.done * (self.global_batch or 0)
         record = {"epoch": self.current + 1, **({"loss": float(loss)} if loss is not None else {}),
                   **{k: float(v) for k, v in metrics.items()}}
-        if self.global_batch and self.done:
+        if self.global_batch and self.done and seconds > 0:
             record["images_per_sec"] = self.done * self.global_batch / seconds
-        record.update(elapsed=time.time() - self.started, ranks=self.size)
+        record.update(elapsed=now - self.started, ranks=self.size)
+        lines = [record]
+        if "val_accuracy" in record:
+            lines.append({"kind": "eval", "epoch": record["epoch"], "step": self.done, "seconds": now - self.started,
+                          "train_seconds": self.trained, "images": self.images or None, "val_accuracy": record["val_accuracy"],
+                          "val_loss": record.get("val_loss"), "eval_seconds": now - self.last_step_at, "ranks": self.size})
         if self.rank == 0:
             with open(run_dir() / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.writelines(json.dumps(line) + "\n" for line in lines)
             self.events.emit("epoch", **record)
             if self.board is not None:
                 for k, v in record.items():
                     if k not in ("epoch", "ranks", "elapsed"):
                         self.board.add_scalar(k, v, record["epoch"])
                 self.board.flush()
-        self.last, self.current, self.done, self.epoch_start = record, self.current + 1, 0, time.time()
+        self.last, self.current, self.done = record, self.current + 1, 0
+        self.epoch_start = self.last_step_at = time.time()
         return record

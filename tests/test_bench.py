@@ -8,11 +8,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from edgetrain.controller import bench
+from edgetrain.controller import bench, launch
 from edgetrain.shared import runs
-from edgetrain.controller.program import JobOptions
+from edgetrain.shared.strategies import STRATEGIES
+from edgetrain.controller.program import JobOptions, Program
 
-from .conftest import edgetrain, snapshot
+from .conftest import ROOT, edgetrain, snapshot
 from .test_cli_errors import assert_one_line_error
 
 
@@ -25,6 +26,9 @@ from .test_cli_errors import assert_one_line_error
     (["--gradient-mb", "nan"], "--gradient-mb nan must be a positive number"),
     (["--target-accuracy", "98.5"], "--target-accuracy 98.5 must be a fraction"),
     (["--epochs", "0"], "--epochs 0 must be at least 1"),
+    (["--strategy", "torch"], "the built-in job lenet trains with horovod, not --strategy torch"),
+    (["--strategy", "tf-ps"], "bench cannot time --strategy tf-ps's communication"),
+    (["--strategy", "nccl"], "unknown --strategy 'nccl'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     runs = tmp_path / "runs"
@@ -195,3 +199,37 @@ def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_jus
     b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
     args = list(b.program_for(1).args)
     assert args[args.index("--eval-every") + 1] == "240"
+
+
+def test_a_torch_script_is_benched_under_the_torch_strategy(tmp_path):
+    # edgetrain.ddp's records: img/s from its epochs, the time to the target from its evaluations.
+    root = tmp_path / "runs"
+    r = edgetrain("bench", str(ROOT / "tests" / "scripts" / "torch" / "with_extras.py"), "--strategy", "torch", "--nodes", "1",
+                  "--repeat", "1", "--gradient-mb", "0.1", "--target-accuracy", "0.01", "--runs-dir", str(root), "--", "--epochs", "3",
+                  timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "with_extras (torch) on" in r.stdout
+    [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]
+    result = json.loads((bench_dir / "bench.json").read_text())
+    assert result["strategy"] == "torch"
+    [point] = result["points"]
+    [trial] = point["trials"]
+    assert trial["status"] == "completed" and point["images_per_sec"] > 0
+    run = runs.find(root, trial["run"])
+    assert run.record().placement.strategy == "torch" and len(run.evaluations()) == 3
+    first = run.evaluations()[0]
+    assert trial["seconds_to_target"] == first["seconds"] and trial["images_to_target"] == first["images"] == 4 * 16
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fp16", [False, True])
+def test_the_torch_probe_times_torchs_own_allreduce_between_two_ranks(tmp_path, fp16):
+    args = ("--bytes", "400000", *(["--fp16"] if fp16 else []))
+    req = launch.RunRequest(program=Program("allreduce", args, module=STRATEGIES["torch"].probe),
+                            np=2, strategy="torch", runs_dir=tmp_path / "runs", log=lambda line: None)
+    seen: list[dict] = []
+    outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
+    assert outcome.state is runs.Status.COMPLETED, outcome.error
+    [e] = [e for e in seen if e["event"] == "allreduce"]
+    assert (e["ranks"], e["bytes"], e["fp16"], e["transport"], e["cycle_seconds"]) == (2, 400_000, fp16, "gloo", 0.0)
+    assert 0 < e["latency_seconds"] < 10 and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0

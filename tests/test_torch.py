@@ -128,13 +128,16 @@ def test_a_torch_script_under_horovod_is_told_which_strategy_fits(tmp_path):
     assert "pass --strategy torch" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("case", ["placeholder", "port-in-use"])
+@pytest.mark.parametrize("case", ["placeholder", "port-in-use", "built-in job"])
 def test_bad_torch_input_is_one_line_and_starts_nothing(tmp_path, case):
     root = tmp_path / "runs"
     root.mkdir()
     before = snapshot(root)
     script = str(EXAMPLES / "torch_seed" / "train.py")
-    if case == "placeholder":
+    if case == "built-in job":
+        r = edgetrain("run", "lenet", *TORCH, "--runs-dir", str(root))
+        assert_one_line_error(r, "the built-in job lenet trains with horovod", "drop --strategy, or run your own script", code=2)
+    elif case == "placeholder":
         r = edgetrain("run", script, *TORCH, "--runs-dir", str(root), "--", "--dist-rank", "{rnak}")
         assert_one_line_error(r, "unknown placeholder {rnak} in the script's arguments",
                               "{rank}, {local_rank}, {world_size}, {master_addr}, {master_port}, {master_url}", code=2)

@@ -1,15 +1,16 @@
 """`edgetrain bench`: does adding nodes pay? Measured on the cluster, and predicted before it is measured.
 
-On any inventory, one rank per node:
-  (a) Horovod's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
-      latency), wall and CPU seconds per operation (``edgetrain.rank.allreduce``);
+On any inventory, one rank per node, under the run's strategy (Horovod, or torch's DDP for a torch
+script with ``--strategy torch``):
+  (a) the strategy's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
+      latency), wall and CPU seconds per operation (its ``probe``: Horovod's, or torch.distributed's);
   (b) the job on one node: img/s, and the time to the target accuracy;
   (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
       ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
       above one node's (what allreduce and waiting add), and the time to the target accuracy;
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
-      slow node is in it, not only the link) and of Horovod's cycle the backward pass does not
+      slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
       hide, over the steps it is shared by (``backward_passes_per_step``). A band - nothing
       hidden, all of it hidden - and inside it the estimate: for a built-in job, from when
       backprop produces each gradient (``edgetrain.controller.overlap``); for a script, the band's middle.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from edgetrain.controller import inventory, launch, overlap, placement
 from edgetrain.shared import jobs, runs
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import TRAIN_EXAMPLES
 from edgetrain.shared.errors import EdgetrainError, UsageError
@@ -50,6 +52,7 @@ class BenchRequest:
     nodes: list[int] | None = None  # default 1..every host of the group
     repeat: int = 3
     gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
+    strategy: str = DEFAULT
     runs_dir: Path = field(default_factory=runs.default_root)
     command: list[str] = field(default_factory=list)
     log: Callable[[str], None] = print
@@ -210,6 +213,15 @@ class Bench:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
         self.fp16 = req.options.fp16_allreduce
         self.backward_passes = req.options.backward_passes_per_step
+        if req.strategy not in STRATEGIES:
+            raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
+        self.strategy = STRATEGIES[req.strategy]
+        if self.strategy.probe is None:
+            raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
+                             f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")
+        if job is not None and not self.strategy.builtin_jobs:
+            raise UsageError(f"the built-in job {job.name} trains with {DEFAULT}, not --strategy {req.strategy}",
+                             f"drop --strategy, or bench your own script: edgetrain bench SCRIPT --strategy {req.strategy} --gradient-mb MB")
         inv = inventory.load(req.inventory)
         self.hosts = placement.select(inv, req.group)
         most = len(self.hosts)
@@ -235,7 +247,7 @@ class Bench:
     def _launch(self, program: Program, n: int, what: str) -> tuple[runs.Run, launch.Outcome, list[dict]]:
         seen: list[dict] = []
         req = launch.RunRequest(program=program, np=n, inventory=self.req.inventory, group=self.req.group, per_node=1,
-                                runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"], log=lambda line: None)
+                                strategy=self.req.strategy, runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"], log=lambda line: None)
 
         def on_event(e: dict) -> None:
             seen.append(e)
@@ -250,7 +262,7 @@ class Bench:
 
     def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
         args = ["--bytes", str(nbytes)] + (["--fp16"] if self.fp16 else [])
-        probe = Program("allreduce", tuple(args), module="edgetrain.rank.allreduce")
+        probe = Program("allreduce", tuple(args), module=self.strategy.probe)
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
         if outcome.state is not runs.Status.COMPLETED or not found:
@@ -278,7 +290,7 @@ class Bench:
             self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.error or ''}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
-                                 "bench reads a script's figures from edgetrain.callbacks.Progress: add it to the script's callbacks")
+                                 f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
         seconds, images = _seconds_to_target(run, self.target_accuracy)
         return Trial(n, run.id, ips, seconds, images, outcome.state.value)
@@ -288,7 +300,7 @@ class Bench:
         req, log = self.req, self.req.log
         self.dir.mkdir()
         nbytes = self.gradient
-        log(f"bench {self.dir.name}: {self.program.name} on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
+        log(f"bench {self.dir.name}: {self.program.name} ({self.strategy.name}) on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
             f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
             + (" (fp16 on the wire)" if self.fp16 else ""))
         for n in (n for n in self.nodes if n > 1):
@@ -344,7 +356,7 @@ class Bench:
 
     def save(self, points: list[Point] | None = None) -> None:
         body = {
-            "program": self.program.name, "args": list(self.program.args), "command": self.req.command,
+            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,

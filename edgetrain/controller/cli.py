@@ -45,6 +45,7 @@ err_console = Console(stderr=True)
 InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
 GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
+StrategyOpt = Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 
 
@@ -57,7 +58,7 @@ def run(
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
-    strategy: Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")] = DEFAULT,
+    strategy: StrategyOpt = DEFAULT,
     tf_port: Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")] = TfMultiWorker.default_port,
     ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
     master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
@@ -151,13 +152,14 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 @with_job_options("bench", programs.parse_options)
 def bench(
-    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks).")] = "lenet",
+    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
     script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
+    strategy: StrategyOpt = DEFAULT,
     runs_dir: RunsDirOpt = Path("runs"),
     options: JobOptions = JobOptions(),
 ) -> None:
@@ -165,7 +167,7 @@ def bench(
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
-                                int(gradient_mb * 1e6) if gradient_mb else None, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
+                                int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
                                 log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)

@@ -167,7 +167,7 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"--hang-timeout {req.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
     if req.strategy not in STRATEGIES:
         raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
-    if not STRATEGIES[req.strategy].builtin_jobs and not req.program.is_script:
+    if not STRATEGIES[req.strategy].builtin_jobs and req.program.job is not None:
         raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
     for flag, port in (("--tf-port", req.tf_port), ("--master-port", req.master_port)):
         if not 1024 <= port <= 65000:

@@ -67,6 +67,8 @@ class Strategy:
     needs: ClassVar[str] = "horovod"  # what every rank imports for it: a package, as the image probe names it
     port_option: ClassVar[str | None] = None  # the run option that picks its ports (RunRequest field)
     default_port: ClassVar[int] = 0  # that option's default
+    probe: ClassVar[str | None] = None  # the module `edgetrain bench` times this strategy's allreduce with; None: bench cannot
+    progress: ClassVar[str] = "edgetrain.callbacks.Progress in the script's callbacks"  # where bench reads a script's img/s
 
     # -- on the controller, before anything starts ----------------------------------------------
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
@@ -115,6 +117,7 @@ class Horovod(Strategy):
     name = "horovod"
     help = "mpirun + Horovod"
     builtin_jobs = True
+    probe = "edgetrain.rank.allreduce"
 
     def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         from edgetrain.rank import rendezvous
@@ -226,6 +229,8 @@ class Torch(Strategy):
     needs = "torch"
     port_option = "master_port"
     default_port = 29500  # torchrun's
+    probe = "edgetrain.rank.torch_allreduce"
+    progress = "edgetrain.ddp.Progress (step() after each step, epoch() after each epoch)"
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         # MASTER_PORT for the script's rendezvous, the next one for edgetrain's join check before it.
