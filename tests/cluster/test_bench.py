@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import edgetrain
+from tests.conftest import ROOT, edgetrain
 
 
 def _bench_dir(out: str) -> Path:
@@ -47,6 +47,23 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
         assert [h["ranks"] for h in info["placement"]["hosts"]] == [1] * p["nodes"]
     svg = (d / "bench.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<circle") >= 4
+    assert not cluster.leftovers()
+
+
+def test_a_torch_script_is_benched_with_torchs_own_allreduce_across_the_nodes(cluster):
+    script = ROOT / "tests" / "scripts" / "torch" / "with_extras.py"
+    r = edgetrain("bench", str(script), "--strategy", "torch", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1",
+                  "--gradient-mb", "3.37", "--", "--epochs", "2", env=cluster.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "(a) allreduce on 2 nodes (gloo)" in r.stdout
+    body = json.loads((_bench_dir(r.stdout) / "bench.json").read_text())
+    (ar,) = body["allreduce"]
+    assert body["strategy"] == "torch" and ar["bytes"] == 3_370_000 and ar["cycle_seconds"] == 0
+    assert 0 < ar["latency_seconds"] < 10 and 0 < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
+    points = {p["nodes"]: p for p in body["points"]}
+    assert points[2]["images_per_sec"] > 0 and 0 < points[2]["predicted_efficiency"] < 1
+    info = cluster.run_json(points[2]["trials"][0]["run"])
+    assert info["placement"]["strategy"] == "torch" and [h["ranks"] for h in info["placement"]["hosts"]] == [1, 1]
     assert not cluster.leftovers()
 
 
