@@ -184,6 +184,7 @@ class Containers:
         # asking /proc costs a node almost nothing, where the docker CLI every few seconds cost an
         # emulated Pi a tenth of its CPU (docs/scaling.md).
         self.pids: dict[str, int] = {}
+        self.login: dict[str, str] = {}  # uid:gid of each node's login user, whom its ranks run as (RUN_AS)
         # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
         # them, their containers end themselves when the lease runs out.
         self.unreachable: set[str] = set()
@@ -230,8 +231,7 @@ class Containers:
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
                                                          "reading the container's process"))
-            self.nodes.check(host, ["docker", "exec", "-i", self.name, "sh", "-c", f"mkdir -p {posixpath.dirname(RUN_AS)} && cat > {RUN_AS}"],
-                             "recording the login user", input=f"{ids[0]}:{ids[1]}\n")
+            self.login[host.name] = f"{int(ids[0])}:{int(ids[1])}"
         except EdgetrainError as exc:
             return exc
         return None
@@ -241,15 +241,17 @@ class Containers:
             key = Path(tmp) / "id_ed25519"
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(key)], check=True)
             private, public = key.read_bytes(), key.with_suffix(".pub").read_text()
-        # Install the run's public key, wait for sshd, and read back the container's host key.
+        # In one exec per container (each costs a Pi's share of CPU a good part of a second): record the
+        # login user, install the run's public key, wait for sshd, and read back the container's host key.
         head = self.plan.head
         script = (
+            f"mkdir -p {posixpath.dirname(RUN_AS)} && echo \"$1\" > {RUN_AS} && "
             f"{authorize_key(public, head_sources(head, self.listen.get(head.name)))} && i=0; "
             "while [ ! -s /run/sshd.pid ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
             "cat /etc/ssh/ssh_host_ed25519_key.pub"
         )
         host_keys = self._each(lambda h: self.nodes.check(
-            h, ["docker", "exec", self.name, "sh", "-c", script], "installing the run's ssh key"))
+            h, ["docker", "exec", self.name, "sh", "-c", script, "sh", self.login[h.name]], "installing the run's ssh key"))
         known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),

@@ -121,13 +121,19 @@ class Runtime:
             return
         dirs = self.node_run_dirs(run)
         body = manifest.to_json()
-        for h in self.plan.hosts:
+
+        def one(h: Host) -> shipping.Shipped:
             store = containers.store_dir(dirs[h.name])
-            self.shipped.append(shipping.ship(self.nodes, h, store, manifest))
+            shipped = shipping.ship(self.nodes, h, store, manifest)
             shipping.give_view(self.nodes, h, store, containers.store_view(dirs[h.name]), manifest)
             target = f"{dirs[h.name]}/{workdir.MANIFEST}"
             self.nodes.check(h, ["sh", "-c", f"{containers.private_dirs(dirs[h.name])} && cat > {shlex.quote(target)}"],
                              "writing the working directory's manifest", input=body)
+            return shipped
+
+        # Every node at once: one after another, a launch waited for the sum of the nodes' Python starts.
+        with ThreadPoolExecutor(max_workers=min(16, len(self.plan.hosts))) as pool:
+            self.shipped.extend(pool.map(one, self.plan.hosts))
 
     def start(self, run: runs.Run) -> None:
         """Start what the ranks run in (nothing on the host runtime)."""

@@ -85,14 +85,18 @@ def test_runtime_stage_has_no_compilers(image):
 
 def test_sshd_listens_on_12345_with_keys_only(image):
     # sshd -T prints the effective configuration after reading the image's drop-in.
-    proc = run_in(image.tag, "sh", "-c", "ls /etc/ssh/ssh_host_* 2>/dev/null | wc -l; edgetrain-sshd -T; getent shadow root")
+    proc = run_in(image.tag, "sh", "-c", "ls /etc/ssh/ssh_host_* 2>/dev/null | wc -l; edgetrain-sshd -T; ls /etc/ssh/ssh_host_*; "
+                  "getent shadow root")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    # No host key is baked into the image; edgetrain-sshd made them in this container.
+    # No host key is baked into the image; edgetrain-sshd made one, ed25519, in this container.
     assert lines[0] == "0"
-    config = set(lines[1:-1])
-    for expected in ("port 12345", "passwordauthentication no", "kbdinteractiveauthentication no", "permitemptypasswords no", "permitrootlogin without-password"):
-        assert expected in config
+    assert lines[-3:-1] == ["/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_ed25519_key.pub"]
+    config = set(lines[1:-3])
+    for expected in ("port 12345", "passwordauthentication no", "kbdinteractiveauthentication no", "permitemptypasswords no",
+                     "permitrootlogin without-password", "hostkey /etc/ssh/ssh_host_ed25519_key"):
+        assert expected in config, expected
+    assert not any(line.startswith("hostkey ") and "ed25519" not in line for line in config)
     assert lines[-1].split(":")[1] == "*"
 
 
