@@ -10,9 +10,7 @@ the busiest rank's.
 
 from __future__ import annotations
 
-import argparse
 import os
-import resource
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -21,6 +19,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from edgetrain.callbacks import events  # noqa: E402
+from edgetrain.rank import allreduce_probe  # noqa: E402
 
 # Horovod starts a collective only at a turn of its cycle, and CPU nodes get long cycles: back to
 # back, the allreduces would time the cycle, not the transfer. The probe runs a short cycle of its
@@ -29,30 +28,21 @@ PROBE_CYCLE_MS = 5
 HOROVOD_DEFAULT_CYCLE_MS = 1.0
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def _time(tensor: tf.Tensor, iters: int, compression, name: str) -> tuple[float, float]:
     """(wall, CPU) seconds per allreduce: the slowest rank's wall time and the busiest rank's CPU."""
     for i in range(2):  # connection setup, buffer registration, Horovod's response cache
         hvd.allreduce(tensor, op=hvd.Sum, compression=compression, name=f"{name}.warm{i}")
     hvd.allreduce(tf.constant(0.0), name=f"{name}.barrier")
-    wall, cpu = time.perf_counter(), _cpu()
+    wall, cpu = time.perf_counter(), allreduce_probe.cpu_seconds()
     for i in range(iters):
         hvd.allreduce(tensor, op=hvd.Sum, compression=compression, name=name)
-    wall, cpu = (time.perf_counter() - wall) / iters, (_cpu() - cpu) / iters
+    wall, cpu = (time.perf_counter() - wall) / iters, (allreduce_probe.cpu_seconds() - cpu) / iters
     worst = hvd.allreduce(tf.constant([wall, cpu], dtype=tf.float64), op=hvd.Max, name=f"{name}.times")
     return float(worst[0]), float(worst[1])
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="edgetrain.rank.allreduce")
-    p.add_argument("--bytes", type=int, required=True, help="the gradient's size in bytes (float32)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--fp16", action="store_true", help="compress to float16 on the wire, as --fp16-allreduce does")
-    args = p.parse_args(argv)
+    args = allreduce_probe.parse("edgetrain.rank.allreduce", argv, "compress to float16 on the wire, as --fp16-allreduce does")
     cycle_ms = float(os.environ.get("HOROVOD_CYCLE_TIME", HOROVOD_DEFAULT_CYCLE_MS))
     os.environ["HOROVOD_CYCLE_TIME"] = str(PROBE_CYCLE_MS)
     hvd.init()

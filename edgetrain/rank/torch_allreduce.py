@@ -11,20 +11,14 @@ DDP has no cycle to wait for: a bucket's allreduce starts as soon as backprop ha
 
 from __future__ import annotations
 
-import argparse
 import os
-import resource
 import time
 
 import torch
 import torch.distributed as dist
 
+from edgetrain.rank import allreduce_probe
 from edgetrain.shared.progress import rank0_events
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _time(tensor: torch.Tensor, iters: int) -> tuple[float, float]:
@@ -33,21 +27,17 @@ def _time(tensor: torch.Tensor, iters: int) -> tuple[float, float]:
     for _ in range(2):  # connection setup, buffers
         dist.all_reduce(tensor)
     dist.barrier()
-    wall, cpu = time.perf_counter(), _cpu()
+    wall, cpu = time.perf_counter(), allreduce_probe.cpu_seconds()
     for _ in range(iters):
         dist.all_reduce(tensor)
-    wall, cpu = (time.perf_counter() - wall) / iters, (_cpu() - cpu) / iters
+    wall, cpu = (time.perf_counter() - wall) / iters, (allreduce_probe.cpu_seconds() - cpu) / iters
     worst = torch.tensor([wall, cpu], dtype=torch.float64, device=tensor.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return float(worst[0]), float(worst[1])
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="edgetrain.rank.torch_allreduce")
-    p.add_argument("--bytes", type=int, required=True, help="the gradient's size in bytes (float32)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--fp16", action="store_true", help="float16 on the wire, as DDP's fp16_compress_hook sends it")
-    args = p.parse_args(argv)
+    args = allreduce_probe.parse("edgetrain.rank.torch_allreduce", argv, "float16 on the wire, as DDP's fp16_compress_hook sends it")
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
