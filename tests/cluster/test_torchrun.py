@@ -1,6 +1,7 @@
 """The DDP LeNet through edgetrain against the same script started by hand with torchrun in a
 container on each node - the way a torch user runs it without edgetrain - on the emulated Pi 4
-testbed, N = 1..3, one rank per node, interleaved so the machine's drift falls on both alike:
+testbed, N = 1..3, one rank per node, every node warmed first (the image and torch read once), interleaved
+so the machine's drift falls on both alike:
 the second epoch's img/s, the time from the command to the first step (rank 0's first progress
 line as it comes) and the wall time; beside them edgetrain's built-in Horovod LeNet (Keras, same
 layers but "same" padding: 1.63 M parameters to the DDP script's 0.84 M) for the same 2 x 20 steps
@@ -128,6 +129,11 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
     # of about 0.15 core runs slower.
     inventory = cluster.docker_inventory("docker-one-slot.yml", head_slots=1,
                                          edgetrain_mpi_env={"UCX_TLS": "tcp,self", "OMP_NUM_THREADS": "1"})
+    # Untimed, once on every node: the first container a node's engine starts reads the image and
+    # torch from a cold disk, which would fall on whichever launcher first used that node (edgetrain,
+    # at each N where a node joins).
+    for node in cluster.bed.state.nodes[:3]:
+        cluster.docker(node.name, "run", "--rm", "--network", "none", images.TARGETS["amd64"].tag, "python3", "-c", "import torch")
     rows = []
     for n in (1, 2, 3):
         et, tr, hv = through_edgetrain(cluster, inventory, n), through_torchrun(cluster, n), through_horovod(cluster, inventory, n)
