@@ -1,12 +1,12 @@
 """The DDP LeNet through edgetrain against the same script started by hand with torchrun in a
 container on each node - the way a torch user runs it without edgetrain - on the emulated Pi 4
-testbed, N = 1..3, one rank per node, every node warmed first (the image and torch read once), interleaved
-so the machine's drift falls on both alike:
-the second epoch's img/s, the time from the command to the first step (rank 0's first progress
-line as it comes) and the wall time; beside them edgetrain's built-in Horovod LeNet (Keras, same
-layers but "same" padding: 1.63 M parameters to the DDP script's 0.84 M) for the same 2 x 20 steps
-of 64 images, its img/s from its metrics and its first step from its run record (from the launch). edgetrain's console, each line at its second, is kept in the
-run directory (console.txt): where its time went.
+testbed, N = 1..3, one rank per node, every node warmed first (the image and torch read once),
+interleaved so the machine's drift falls on both alike: the second epoch's img/s, the time from
+the command to the first step (rank 0's first progress line as it comes) and the wall time; beside
+them edgetrain's built-in Horovod LeNet (Keras, the same layers with "same" padding: 1.63 M
+parameters to the DDP script's 0.84 M) for the same 2 x 20 steps of 64 images, its img/s from its
+metrics and its first step from its run record (from the launch). edgetrain's console, each line
+at its second, is kept in the run directory (console.txt): where its time went.
 
 A measurement, reported rather than asserted (-m bench): ``pytest -m bench tests/cluster/test_torchrun.py -s``.
 The emulation is the optimistic bracket (each node's communication threads on a core of their own,
