@@ -97,7 +97,7 @@ class Progress:
         self.last: dict = {}
         self.done, self.last_emit, self.epoch_start = 0, 0.0, time.time()
         self.last_step_at = self.epoch_start
-        self.trained, self.images = 0.0, 0  # training seconds and images in the epochs before this one
+        self.trained, self.images = 0.0, 0  # training seconds and images so far, summed at each epoch's end
         self.board = self._tensorboard()
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
                          versions={"torch": torch.__version__})
