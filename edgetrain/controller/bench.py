@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from edgetrain.controller import inventory, launch, overlap, placement
-from edgetrain.shared import jobs, runs
+from edgetrain.shared import jobs, runs, strategies
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import TRAIN_EXAMPLES
@@ -213,9 +213,7 @@ class Bench:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
         self.fp16 = req.options.fp16_allreduce
         self.backward_passes = req.options.backward_passes_per_step
-        if req.strategy not in STRATEGIES:
-            raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
-        self.strategy = STRATEGIES[req.strategy]
+        self.strategy = strategies.named(req.strategy)
         if self.strategy.probe is None:
             raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
                              f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from edgetrain import __version__
 from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, progress, record, runs, workdir
+from edgetrain.shared import checkpoints, failures, progress, record, runs, strategies, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
@@ -165,9 +165,7 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
 def _check_request(req: RunRequest) -> None:
     if not req.hang_timeout > 0 or req.hang_timeout == float("inf"):
         raise UsageError(f"--hang-timeout {req.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
-    if req.strategy not in STRATEGIES:
-        raise UsageError(f"unknown --strategy {req.strategy!r}", f"use one of: {', '.join(STRATEGIES)}")
-    if not STRATEGIES[req.strategy].builtin_jobs and req.program.job is not None:
+    if not strategies.named(req.strategy).builtin_jobs and req.program.job is not None:
         raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
     for flag, port in (("--tf-port", req.tf_port), ("--master-port", req.master_port)):
         if not 1024 <= port <= 65000:

@@ -276,3 +276,10 @@ class Torch(Strategy):
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker(), TfParameterServer(), Torch())}
 DEFAULT = Horovod.name
+
+
+def named(name: str) -> Strategy:
+    """The strategy a ``--strategy`` names, or the one-line refusal of a name none has."""
+    if name not in STRATEGIES:
+        raise UsageError(f"unknown --strategy {name!r}", f"use one of: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]

@@ -16,9 +16,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 BUILD_TOOLS = ("gcc", "cc", "c++", "g++", "cpp", "cmake", "make", "ld", "nvcc", "g++-11", "patchelf")
 BUILD_PACKAGES = ("gcc", "gcc-12", "g++", "g++-12", "g++-11", "cpp", "binutils", "libmpich-dev", "python3-dev", "build-essential", "cmake",
                   "nvidia-cuda-toolkit", "nvidia-cuda-dev", "patchelf")
-# Uncompressed: the budgets users were promised. The CUDA image is dominated by TensorFlow's CUDA
-# wheels (cuDNN alone is 1.1 GB); the CPU images carry Debian's torch beside TensorFlow.
-# The budgets: the CUDA image holds two CUDA stacks, TensorFlow's (CUDA 12.2) and torch's (11.7).
+# Uncompressed: the budgets users were promised. The CUDA image holds two CUDA stacks, TensorFlow's
+# (CUDA 12.2; cuDNN alone is 1.1 GB) and torch's (11.7); the CPU images carry Debian's torch beside TensorFlow.
 SIZE_LIMIT = {"amd64": 2.0e9, "arm64": 2.0e9, "cuda": 8.0e9}
 
 
