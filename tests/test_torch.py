@@ -20,6 +20,7 @@ import pytest
 from edgetrain.shared import runs
 
 from .conftest import ROOT, edgetrain, sigint_default, snapshot
+from .images.test_images_unit import load_check_script
 from .test_cli_errors import assert_one_line_error
 
 pytestmark = pytest.mark.mpi
@@ -63,6 +64,15 @@ def test_threads_the_user_gave_are_kept_as_torchrun_keeps_them(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     threads = re.findall(r"rank \d/2: allreduce .*?, (\d+) threads", logs(only_run(tmp_path)))
     assert threads == ["3", "3"], logs(only_run(tmp_path))
+
+
+def test_the_host_runtimes_torch_runs_on_openblas():
+    # The images' check proves the same of theirs (tests/images/test_build.py).
+    import torch
+
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    path, build = load_check_script().openblas()
+    assert build is not None and build.startswith("OpenBLAS"), f"torch runs on the reference BLAS: {path}"
 
 
 def test_one_rank_a_node_trains_with_torchs_own_thread_count_as_under_torchrun(tmp_path):

@@ -71,6 +71,8 @@ def test_torch_of_the_pinned_release_trains_and_allreduces_over_gloo_in_every_im
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "convolution forward and backward ok, two-process Gloo allreduce ok" in proc.stdout, proc.stdout
     assert ("PyPI's" if cuda else "Debian's python3-torch") in proc.stdout, proc.stdout
+    if not cuda:
+        assert "torch's BLAS: OpenBLAS" in proc.stdout, proc.stdout
     if arm64:
         assert "lacks, as a Pi 4 does, ARMv8.1 LSE atomics" in proc.stdout, proc.stdout
 
