@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -137,20 +136,6 @@ def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
     assert bench.advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
 
 
-def test_the_plot_is_an_svg_with_a_point_per_measurement(tmp_path):
-    trial = bench.Trial(1, "r", 250.0, 300.0, 60_000, "completed")
-    points = [bench.Point(1, 250.0, 1.0, None, 300.0, None, [trial]),
-              bench.Point(2, 450.0, 0.9, 0.1, 170.0, 0.88, [trial]),
-              bench.Point(3, 600.0, 0.8, 0.2, None, 0.84, [trial])]
-    path = tmp_path / "bench.svg"
-    bench.write_svg(path, points, "lenet", 0.985)
-    root = ET.parse(path).getroot()
-    circles = root.findall("{http://www.w3.org/2000/svg}circle")
-    # img/s 3 + ideal 3, E(N) 3 + predicted 2, time to target 2 (N = 3 never reached it).
-    assert len(circles) == 13
-    assert "seconds to 98.5%" in path.read_text()
-
-
 def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
     b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
 
@@ -184,7 +169,12 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     result = json.loads((bench_dir / "bench.json").read_text())
     [point] = result["points"]
     assert point["nodes"] == 1 and point["images_per_sec"] > 0
-    assert (bench_dir / "bench.svg").stat().st_size > 0
+    # Its figure, and a try's own, drawn from these records (tests/test_plots.py checks what they carry).
+    assert "lenet (horovod)" in (bench_dir / "bench.svg").read_text()
+    r = edgetrain("runs", "show", tries[0].id, "--plot", "--runs-dir", str(root))
+    assert r.returncode == 0, r.stderr
+    assert f"plot: {tries[0].path / 'plot.svg'}" in r.stdout
+    assert f"{tries[0].id}: evaluations" in (tries[0].path / "plot.svg").read_text()
 
 
 def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_just_before_its_end(tmp_path):

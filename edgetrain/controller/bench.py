@@ -15,7 +15,7 @@ script with ``--strategy torch``):
       hidden, all of it hidden - and inside it the estimate: for a built-in job, from when
       backprop produces each gradient (``edgetrain.controller.overlap``); for a script, the band's middle.
       Printed, then set beside the measurement;
-  (e) ``bench.json`` and a plot (``bench.svg``) in ``<runs dir>/<bench id>/``; every run it made
+  (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
 Every measurement is a real ``edgetrain run`` (prepare and execute), so what it measures is what
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from edgetrain.controller import inventory, launch, overlap, placement
+from edgetrain.controller import inventory, launch, overlap, placement, plots
 from edgetrain.shared import jobs, runs, strategies
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
@@ -239,6 +239,7 @@ class Bench:
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
         self.predicted: dict[int, Prediction] = {}
+        self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
     # -- one launch ---------------------------------------------------------------------------
@@ -317,8 +318,11 @@ class Bench:
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
                 self.save()
         points = self.points()
-        self.save(points)
-        write_svg(self.dir / "bench.svg", points, self.program.name, self.target_accuracy)
+        body = self.save(points)
+        try:
+            self.plot = plots.save(plots.bench_figure([(f"{self.program.name} ({self.strategy.name})", body)]), self.dir / "bench.svg")
+        except EdgetrainError as exc:  # the measurements are saved: a missing plot costs none of them
+            log(f"edgetrain: warning: no plot: {exc.problem} ({exc.fix})")
         return points
 
     def _predict(self) -> None:
@@ -352,7 +356,7 @@ class Bench:
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None))
         return out
 
-    def save(self, points: list[Point] | None = None) -> None:
+    def save(self, points: list[Point] | None = None) -> dict:
         body = {
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
@@ -367,6 +371,7 @@ class Bench:
         tmp = self.dir / "bench.json.tmp"
         tmp.write_text(json.dumps(body, indent=2) + "\n")
         tmp.replace(self.dir / "bench.json")
+        return body
 
 
 def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
@@ -398,48 +403,3 @@ def advice(body: dict, n_hosts: int) -> str | None:
                 f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench, E({n_hosts}) = {here['efficiency']:.0%}): "
                 f"the extra nodes do not pay")
     return None
-
-
-# -- the plot -----------------------------------------------------------------------------------
-
-def write_svg(path: Path, points: list[Point], job: str, target: float | None) -> None:
-    """Three panels against N: img/s (with the ideal N x R(1)), E(N) measured and predicted, time to target."""
-    panels = [
-        ("img/s", [(p.nodes, p.images_per_sec) for p in points],
-         [(p.nodes, points[0].images_per_sec * p.nodes) for p in points] if points and points[0].nodes == 1 and points[0].images_per_sec else [],
-         "ideal"),
-        ("E(N)", [(p.nodes, p.efficiency) for p in points], [(p.nodes, p.predicted_efficiency) for p in points], "predicted"),
-        (f"seconds to {target:.1%}" if target else "seconds to target", [(p.nodes, p.seconds_to_target) for p in points], [], ""),
-    ]
-    w, h, pad = 300, 220, 40
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{3 * w}" height="{h + 30}" font-family="sans-serif" font-size="11">',
-             f'<text x="10" y="16" font-size="13">edgetrain bench: {job}, one rank per node</text>']
-    for i, (title, measured, other, other_label) in enumerate(panels):
-        x0 = i * w
-        values = [v for _, v in measured + other if v is not None]
-        top = max(values) * 1.15 if values else 1.0
-        ns = [p.nodes for p in points] or [1]
-        lo, hi = min(ns), max(max(ns), min(ns) + 1)
-
-        def xy(n: float, v: float) -> tuple[float, float]:
-            return x0 + pad + (n - lo) / (hi - lo) * (w - 2 * pad), 30 + h - pad - v / top * (h - pad - 20)
-
-        parts.append(f'<text x="{x0 + pad}" y="40">{title}</text>')
-        parts.append(f'<line x1="{x0 + pad}" y1="{30 + h - pad}" x2="{x0 + w - pad}" y2="{30 + h - pad}" stroke="black"/>')
-        parts.append(f'<line x1="{x0 + pad}" y1="50" x2="{x0 + pad}" y2="{30 + h - pad}" stroke="black"/>')
-        for n in ns:
-            x, y = xy(n, 0)
-            parts.append(f'<text x="{x - 3}" y="{y + 14}">{n}</text>')
-        parts.append(f'<text x="{x0 + w - pad - 10}" y="{30 + h - 8}">N</text>')
-        parts.append(f'<text x="{x0 + 2}" y="58">{top / 1.15:.3g}</text>')
-        for series, colour, dash in ((measured, "#1f5fbf", ""), (other, "#999999", ' stroke-dasharray="4 3"')):
-            pts = [xy(n, v) for n, v in series if v is not None]
-            if len(pts) > 1:
-                parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
-                             + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
-            for x, y in pts:
-                parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>')
-        if other_label and any(v is not None for _, v in other):
-            parts.append(f'<text x="{x0 + w - pad - 60}" y="58" fill="#999999">- - {other_label}</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n")

@@ -26,6 +26,7 @@ from edgetrain.shared import workdir as workdir_mod
 from edgetrain.controller import doctor as doctoring
 from edgetrain.controller import images as imaging
 from edgetrain.controller import inventory as inventories
+from edgetrain.controller import plots
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
@@ -182,7 +183,7 @@ def bench(
                       f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
                       f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")
     console.print(table)
-    console.print(f"results: {b.dir}/bench.json, plot: {b.dir}/bench.svg", highlight=False)
+    console.print(f"results: {b.dir}/bench.json" + (f", plot: {b.plot}" if b.plot else ""), highlight=False)
 
 
 def _pct(value: float | None) -> str:
@@ -300,9 +301,11 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
 
 @runs_app.command("show")
 def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs"),
-              as_json: JsonOpt = False) -> None:
+              as_json: JsonOpt = False,
+              plot: Annotated[bool, typer.Option("--plot", help="Also draw its accuracy and img/s over time into RUN/plot.svg.")] = False) -> None:
     """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
     r = runs.find(runs_dir, run_id)
+    drawn = plots.draw(runs_dir, [r.id]) if plot else None
     rec = r.record()
     if as_json:
         print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": rec.to_json(),
@@ -339,6 +342,17 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         console.print(f"outputs of rank 0{home}:", highlight=False)
         for rel, digest in outputs.items():
             console.print(f"  {rel}  sha256 {digest[:16]}", markup=False, highlight=False)
+    if drawn is not None:
+        console.print(f"plot: {drawn}", markup=False, highlight=False, soft_wrap=True)
+
+
+@runs_app.command("plot")
+def runs_plot(ids: Annotated[list[str], typer.Argument(metavar="RUN|BENCH...", help="Runs, or benches (their directories' names), on one figure.")],
+              runs_dir: RunsDirOpt = Path("runs"),
+              out: Annotated[Optional[Path], typer.Option(help="The SVG file to write (default: plot.svg in the one run's or bench's directory).")] = None,
+              label: Annotated[Optional[list[str]], typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
+    """Runs' accuracy and img/s over time, or benches' img/s, E(N) and time to accuracy against N, on one figure."""
+    console.print(f"plot: {plots.draw(runs_dir, ids, out, label)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _cell(value) -> str:

@@ -246,14 +246,22 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def find(root: Path, run_id: str) -> Run:
     """A run by id, or by a unique prefix of it (plain characters only: never a path or a pattern)."""
+    return Run(find_dir(root, run_id, ("run.json",)))
+
+
+def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
+    """The directory of a run or bench (one holding any of ``markers``) by id or a unique prefix."""
     if not RUN_ID.match(run_id or ""):
         raise UsageError(f"{run_id!r} is not a run id", "see the runs with: edgetrain runs list")
-    exact = root / run_id
-    if (exact / "run.json").is_file():
-        return Run(exact)
-    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and (p / "run.json").is_file()) if root.is_dir() else []
+
+    def held(p: Path) -> bool:
+        return any((p / m).is_file() for m in markers)
+
+    if held(root / run_id):
+        return root / run_id
+    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and held(p)) if root.is_dir() else []
     if len(matches) == 1:
-        return Run(matches[0])
+        return matches[0]
     if len(matches) > 1:
         raise EdgetrainError(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}", "give more of the id")
     raise EdgetrainError(f"no run {run_id!r} in {root}", "see the runs with: edgetrain runs list")
