@@ -183,7 +183,7 @@ def bench(
                       f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
                       f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")
     console.print(table)
-    console.print(f"results: {b.dir}/bench.json" + (f", plot: {b.plot}" if b.plot else ""), highlight=False)
+    console.print(f"results: {b.dir}/bench.json" + (f", plot: {b.plot}" if b.plot else ""), highlight=False, soft_wrap=True)
 
 
 def _pct(value: float | None) -> str:
