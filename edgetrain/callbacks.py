@@ -178,6 +178,15 @@ class Progress(tf.keras.callbacks.Callback):
         if reached:
             self._stop()
 
+    def tested(self, accuracy: float, loss: float, examples: int) -> None:
+        """Record the test set's score, taken once after training (the validation set was held out
+        of the training set, and every decision was made on it)."""
+        record = {"kind": "test", "test_accuracy": accuracy, "test_loss": loss, "examples": examples,
+                  "after_epoch": self.epoch + 1, "step": self.steps_done}
+        if self.rank == 0:
+            self._append(record)
+            print(f"test accuracy {accuracy:.4f} ({examples:,} test examples, scored once after training)", flush=True)
+
     def _stop(self) -> None:
         # Averaged metrics are the same on every rank, so all ranks stop after the same step.
         self.reached_target = True
@@ -205,17 +214,7 @@ class Evaluations(tf.keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        loss = tf.keras.losses.get(model.loss)
-        per_example = loss.call if isinstance(loss, tf.keras.losses.Loss) else loss
-
-        # One compiled function for every batch; only the last, shorter batch traces it again.
-        @tf.function(reduce_retracing=True)
-        def batch_sums(x, y):
-            p = model(x, training=False)
-            return (tf.reduce_sum(tf.keras.metrics.sparse_categorical_accuracy(y, p)),
-                    tf.reduce_sum(per_example(y, p)), tf.shape(y)[0])
-
-        self.batch_sums = batch_sums
+        self.score = Scorer(model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.done = 0
@@ -230,9 +229,33 @@ class Evaluations(tf.keras.callbacks.Callback):
         start = time.time()
         if self.before is not None:
             self.before()
+        accuracy, mean_loss, total = self.score(self.data)
+        took = time.time() - start
+        self.progress.eval_time += took
+        self.progress.evaluated(accuracy, mean_loss, took, total)
+
+
+class Scorer:
+    """A compiled model's accuracy and mean loss on a dataset (each rank its own shard), averaged
+    over the ranks, and the examples scored in all."""
+
+    def __init__(self, model) -> None:
+        loss = tf.keras.losses.get(model.loss)
+        per_example = loss.call if isinstance(loss, tf.keras.losses.Loss) else loss
+
+        # One compiled function for every batch; only the last, shorter batch traces it again.
+        @tf.function(reduce_retracing=True)
+        def batch_sums(x, y):
+            p = model(x, training=False)
+            return (tf.reduce_sum(tf.keras.metrics.sparse_categorical_accuracy(y, p)),
+                    tf.reduce_sum(per_example(y, p)), tf.shape(y)[0])
+
+        self.batch_sums = batch_sums
+
+    def __call__(self, data: tf.data.Dataset) -> tuple[float, float, int]:
         correct = loss = 0.0
         count = 0
-        for x, y in self.data:
+        for x, y in data:
             c, l, n = self.batch_sums(x, y)
             correct, loss, count = correct + float(c), loss + float(l), count + int(n)
         averages = tf.constant([correct / max(count, 1), loss / max(count, 1)], tf.float64)
@@ -242,9 +265,7 @@ class Evaluations(tf.keras.callbacks.Callback):
             averages = hvd.allreduce(averages, op=hvd.Average, name="edgetrain.eval")
             total = int(hvd.allreduce(tf.constant(count, tf.int64), op=hvd.Sum, name="edgetrain.eval_examples"))
         accuracy, mean_loss = (float(v) for v in averages.numpy())
-        took = time.time() - start
-        self.progress.eval_time += took
-        self.progress.evaluated(accuracy, mean_loss, took, total)
+        return accuracy, mean_loss, total
 
 
 def _versions() -> dict:

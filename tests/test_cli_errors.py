@@ -271,6 +271,7 @@ def test_a_non_blocking_terminal_left_by_a_killed_ssh_does_not_matter(existing_r
     (("--eval-every", "0"), "--eval-every 0 must be at least 1"),
     (("--eval-every", "-5"), "--eval-every -5 must be at least 1"),
     (("--eval-examples", "0"), "--eval-examples 0 must be at least 1"),
+    (("--holdout", "60000"), "--holdout 60000 must be between 1 and 59,999 examples"),
     (("--backward-passes-per-step", "0"), "--backward-passes-per-step 0 must be at least 1"),
     (("--backward-passes-per-step", "-2"), "--backward-passes-per-step -2 must be at least 1"),
     (("--steps-per-execution", "0"), "--steps-per-execution 0 must be at least 1"),

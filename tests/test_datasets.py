@@ -24,6 +24,21 @@ def _write_idx(path: Path, array: np.ndarray) -> None:
         f.write(header + array.astype(np.uint8).tobytes())
 
 
+def test_a_holdout_is_the_same_examples_every_time_and_none_of_them_is_trained_on():
+    x = np.arange(1000, dtype=np.float32).reshape(1000, 1, 1, 1)
+    split = datasets.Split(x, np.arange(1000, dtype=np.int64))
+    rest, held = datasets.hold_out(split, 100)
+    again, held_again = datasets.hold_out(split, 100)
+    assert held.y.tolist() == held_again.y.tolist() and rest.y.tolist() == again.y.tolist()
+    assert len(held.y) == 100 and len(rest.y) == 900
+    assert sorted(held.y.tolist() + rest.y.tolist()) == list(range(1000))  # disjoint, nothing lost
+    assert (held.x[:, 0, 0, 0] == held.y).all()  # images stay with their labels
+    # Drawn across the set, not its last examples (whose classes need not be representative).
+    assert held.y.min() < 100 and held.y.max() > 900
+    with pytest.raises(ValueError):
+        datasets.hold_out(split, 1000)
+
+
 def test_idx_reader_round_trips(tmp_path):
     images = np.arange(3 * 28 * 28, dtype=np.uint32).reshape(3, 28, 28) % 256
     _write_idx(tmp_path / "x.gz", images)

@@ -176,11 +176,31 @@ def test_evaluations_within_an_epoch_time_the_target(tmp_path):
     assert not any(e["reached"] or e["val_accuracy"] >= 0.75 for e in before)
     # It stopped within the first epoch, at that evaluation; the epoch's validation added no record.
     assert reached["step"] < 40 and [m["epoch"] for m in run.metrics()] == [1]
+    assert run.test_score() is None  # validated on the test set itself: nothing is scored after
     assert f"target val_accuracy 0.75 reached at epoch 1 step {reached['step']}" in result.stdout
     shown = edgetrain("runs", "show", run.id, "--runs-dir", str(tmp_path), env={"COLUMNS": "300"})
     assert shown.returncode == 0, shown.stderr
     assert (f"reached 75% val accuracy at {reached['seconds']:.1f} s from the first step, {reached['images']:,} images, "
             f"epoch 1 step {reached['step']} ({len(evals)} evaluations took ") in shown.stdout
+
+
+def test_a_held_out_validation_set_decides_the_stop_and_the_test_set_is_scored_once_after(tmp_path):
+    result = edgetrain("run", "lenet", "--np", "2", "--epochs", "2", "--max-steps", "60", "--eval-every", "8", "--holdout", "2000",
+                       "--target-accuracy", "0.75", "--runs-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [run] = runs.all_runs(tmp_path)
+    evals = run.evaluations()
+    # Every evaluation scored the 2,000 held-out training examples, not the 10,000 test examples.
+    assert evals and all(e["examples"] == 2000 for e in evals), evals
+    reached = evals[-1]
+    assert reached["reached"]
+    test = run.test_score()
+    assert test is not None and test["examples"] == 10_000 and 0.5 < test["test_accuracy"] <= 1.0, test
+    assert (test["after_epoch"], test["step"]) == (reached["epoch"], reached["step"])
+    assert sum('"kind": "test"' in line for line in run.metrics_file.read_text().splitlines()) == 1
+    assert f", test accuracy {test['test_accuracy']:.4f} (10,000 test examples, scored once)" in result.stdout
+    shown = edgetrain("runs", "show", run.id, "--runs-dir", str(tmp_path), env={"COLUMNS": "300"})
+    assert f"test accuracy {test['test_accuracy']:.4f} on 10,000 test examples" in shown.stdout, shown.stdout
 
 
 def test_fp16_allreduce_accumulated_batches_batch_size_and_tf_threads_train(tmp_path):

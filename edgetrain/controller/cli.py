@@ -129,7 +129,10 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     if outcome.state is runs.Status.COMPLETED:
         m = outcome.last_metrics
         done = f": val_accuracy {m['val_accuracy']:.4f} after epoch {m['epoch']}" if "val_accuracy" in m else ""
-        console.print(f"run {started.run.id} completed{done}")
+        tested = started.run.test_score()
+        if tested is not None:
+            done += f", test accuracy {tested['test_accuracy']:.4f} ({tested.get('examples') or 0:,} test examples, scored once)"
+        console.print(f"run {started.run.id} completed{done}", soft_wrap=True)
         return
     if outcome.state is runs.Status.INTERRUPTED:
         raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
@@ -309,7 +312,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
     rec = r.record()
     if as_json:
         print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": rec.to_json(),
-                          "metrics": r.metrics(), "evaluations": r.evaluations(), "outputs": collecting.outputs_of(r)},
+                          "metrics": r.metrics(), "evaluations": r.evaluations(), "test": r.test_score(), "outputs": collecting.outputs_of(r)},
                          indent=1, default=str))
         return
     where = rec.placement
@@ -336,6 +339,10 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
     target = runs.time_to_target(r)
     if target is not None:
         console.print(target, markup=False, highlight=False)
+    tested = r.test_score()
+    if tested is not None:
+        console.print(f"test accuracy {tested['test_accuracy']:.4f} on {tested.get('examples') or 0:,} test examples, scored once "
+                      f"after training (validation was held out of the training set)", markup=False, highlight=False)
     outputs = collecting.outputs_of(r)
     if outputs:
         home = "" if where is None or where.runtime != "docker" else f" (on {where.hosts[0]['host']} until: edgetrain collect {r.id} --dest DIR)"

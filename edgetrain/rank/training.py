@@ -75,17 +75,21 @@ def train(args: argparse.Namespace) -> dict:
     hvd_tf.broadcast_variables(net.variables, root_rank=0)
     hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
 
-    train_ds, test_ds = _datasets(job, data, args, rank)
-    progress, callbacks = _callbacks(job, state, data, test_ds, args, lr, peak, rank)
+    train_ds, val_ds = _datasets(job, data, args, rank)
+    progress, callbacks = _callbacks(job, state, data, val_ds, args, lr, peak, rank)
     net.fit(
         train_ds,
         steps_per_epoch=data.steps,
         epochs=args.epochs,
         initial_epoch=initial_epoch,
-        validation_data=test_ds,
+        validation_data=val_ds,
         callbacks=callbacks,
         verbose=0,
     )
+    if data.test is not None:
+        # The last validation averaged BatchNorm's statistics: every rank scores rank 0's model.
+        test_ds = tf.data.Dataset.from_tensor_slices((data.test.x, data.test.y)).batch(EVAL_BATCH)
+        progress.tested(*et.Scorer(net)(test_ds))
     digest = weights_digest(net)
     print(f"final weights sha256 {digest}", flush=True)
     return {"weights_sha256": digest, "stopped_early": progress.reached_target, "last": progress.last}
@@ -108,23 +112,29 @@ def _set_up_rank(args: argparse.Namespace) -> tuple[int, int]:
 
 @dataclass
 class _Data:
-    """This rank's shards, the steps every rank takes an epoch, and the test examples it scores."""
+    """This rank's shards, the steps every rank takes an epoch, the validation examples it scores at
+    each evaluation, and - with --holdout, when validation is held out of the training set - the
+    test examples it scores once, after training."""
 
     train: datasets.Split
-    test: datasets.Split
+    validation: datasets.Split
     steps: int
     evaluated: int
+    test: datasets.Split | None = None
 
 
 def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     # The worker points EDGETRAIN_DATA at the node's datasets (a container's mount, or the run's links).
     files = datasets.locate(spec.dataset, Path(os.environ["EDGETRAIN_DATA"]) if "EDGETRAIN_DATA" in os.environ else None)
     train_all, test_all = datasets.load(files)
-    train_split, test_split = datasets.shard(train_all, rank, size), datasets.shard(test_all, rank, size)
+    held = None
+    if args.holdout:
+        train_all, held = datasets.hold_out(train_all, args.holdout)
+    train_split, val_split = datasets.shard(train_all, rank, size), datasets.shard(held if held is not None else test_all, rank, size)
     # Shards differ by at most one example: every rank must take the same number of steps, or
     # the allreduce of the shorter one would wait forever.
     steps = int(hvd_tf.allreduce(tf.constant(len(train_split.y) // args.batch_size), op=hvd_tf.Min, name="steps"))
-    evaluated = len(test_split.y)
+    evaluated = len(val_split.y)
     if args.eval_examples:
         # The count is for the whole set; rounding up keeps each rank's share of a small one non-empty.
         evaluated = min(evaluated, -(-args.eval_examples // size))
@@ -132,7 +142,7 @@ def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
         steps, evaluated = min(steps, args.max_steps), min(evaluated, args.max_steps * args.batch_size)
     if steps < 1:
         raise ValueError(f"batch size {args.batch_size} leaves no full batch in a shard of {len(train_split.y)} examples")
-    return _Data(train_split, test_split, steps, evaluated)
+    return _Data(train_split, val_split, steps, evaluated, datasets.shard(test_all, rank, size) if held is not None else None)
 
 
 def _model(job, options: dict, train_split: datasets.Split):
@@ -178,11 +188,11 @@ def _datasets(job, data: _Data, args: argparse.Namespace, rank: int):
         train_ds = train_ds.map(lambda x, y: (layer(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE)
     # Evaluation keeps no gradients, so batches can be large: LeNet's forward pass on one core ran
     # about 1.7x faster at 256-1000 than at 64, with the same accuracy.
-    test_ds = tf.data.Dataset.from_tensor_slices((data.test.x[:data.evaluated], data.test.y[:data.evaluated])).batch(EVAL_BATCH)
-    return train_ds.prefetch(tf.data.AUTOTUNE), test_ds
+    val_ds = tf.data.Dataset.from_tensor_slices((data.validation.x[:data.evaluated], data.validation.y[:data.evaluated])).batch(EVAL_BATCH)
+    return train_ds.prefetch(tf.data.AUTOTUNE), val_ds
 
 
-def _callbacks(job, state, data: _Data, test_ds, args: argparse.Namespace, lr: float, peak: float, rank: int):
+def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: float, peak: float, rank: int):
     """The recipe's callbacks, in the order they must run, and the progress callback among them."""
     schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
 
@@ -206,7 +216,7 @@ def _callbacks(job, state, data: _Data, test_ds, args: argparse.Namespace, lr: f
     progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples)
     callbacks += [
         progress,
-        et.Evaluations(progress, test_ds, args.eval_every, before=average_non_trainable.sync) if args.eval_every else None,
+        et.Evaluations(progress, val_ds, args.eval_every, before=average_non_trainable.sync) if args.eval_every else None,
         et.Checkpoints(state, progress, extra={"options": checkpoint_options(args)}),
         tf.keras.callbacks.TensorBoard(log_dir=str(et.run_dir() / "tensorboard"), profile_batch=0) if rank == 0 else None,
     ]

@@ -326,5 +326,17 @@ def load(files: DatasetFiles) -> tuple[Split, Split]:
     )
 
 
+HOLDOUT_SEED = 0  # not the run's --seed: every try of a bench tunes and stops on the same examples
+
+
+def hold_out(split: Split, n: int) -> tuple[Split, Split]:
+    """(the rest, ``n`` examples held out for validation), drawn by a fixed permutation."""
+    if not 0 < n < len(split.y):
+        raise ValueError(f"cannot hold out {n} of {len(split.y)} training examples")
+    order = np.random.default_rng(HOLDOUT_SEED).permutation(len(split.y))
+    rest, held = np.sort(order[n:]), np.sort(order[:n])
+    return Split(split.x[rest], split.y[rest]), Split(split.x[held], split.y[held])
+
+
 def shard(split: Split, rank: int, size: int) -> Split:
     return Split(split.x[rank::size], split.y[rank::size])

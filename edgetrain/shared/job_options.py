@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from typing import Annotated, Any, Optional
 
+from edgetrain.shared.datasets import TRAIN_EXAMPLES
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.learning_rate import WARMUP_EPOCHS
 
@@ -35,6 +36,11 @@ def _power(v: float) -> tuple[str, str] | None:
 
 def _fraction(v: float) -> tuple[str, str] | None:
     return None if 0 < v <= 1 else ("must be a fraction in (0, 1]", "e.g. --target-accuracy 0.97")
+
+
+def _holdout(v: int) -> tuple[str, str] | None:
+    most = min(TRAIN_EXAMPLES.values()) - 1
+    return None if 1 <= v <= most else (f"must be between 1 and {most:,} examples", "e.g. --holdout 6000, a tenth of the training set")
 
 
 class Recorded:
@@ -91,6 +97,9 @@ OPTIONS: tuple[JobOption, ...] = (
               help_in={"bench": "Jobs: evaluate every this many steps (default: four times an epoch)."}),
     JobOption("eval_examples", int, None, "Jobs: validation examples each evaluation uses, over all ranks (default: the whole set).",
               at_least(1), metavar="N"),
+    JobOption("holdout", int, None, "Jobs: hold out this many training examples (the same ones for every seed) as the validation "
+              "set that evaluations and --target-accuracy use; the test set is then scored once, after training (test_accuracy).",
+              _holdout, metavar="N", recorded=Recorded.WHEN_SET),
     JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
               recorded=Recorded.WHEN_SET),
     JobOption("backward_passes_per_step", int, 1, "Jobs: accumulate N batches' gradients per allreduce and update; the learning "

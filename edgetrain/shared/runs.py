@@ -116,6 +116,12 @@ class Run:
         return [m for _, m in self._metric_lines() if m is not None and m.get("kind") == "eval"
                 and isinstance(m.get("val_accuracy"), (int, float))]
 
+    def test_score(self) -> dict | None:
+        """The test set's score, taken once after training (a run that held its validation set out
+        of the training set: --holdout); None for any other run."""
+        return next((m for _, m in reversed(self._metric_lines()) if m is not None and m.get("kind") == "test"
+                     and isinstance(m.get("test_accuracy"), (int, float))), None)
+
     def damaged_metrics(self) -> list[int]:
         """Numbers of the lines of metrics.jsonl that are not a JSON object."""
         return [n for n, m in self._metric_lines() if m is None]
