@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
@@ -77,6 +78,37 @@ def restore(state: tf.train.Checkpoint) -> int:
     return epoch
 
 
+class _Clock:
+    """Seconds of training on one clock - the wall's, or this process's CPU time (every thread of it:
+    the framework's, the communication's) - leaving out the evaluations within an epoch, and the
+    epoch's own validation once it begins."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.before = 0.0  # training in the epochs before this one
+        self.start, self.evals, self.frozen = now(), 0.0, None
+
+    def epoch_begins(self) -> None:
+        self.start, self.evals, self.frozen = self.now(), 0.0, None
+
+    def evaluation(self, seconds: float) -> None:
+        self.evals += seconds
+
+    def freeze(self) -> None:
+        """The epoch's training is over (its validation begins)."""
+        if self.frozen is None:
+            self.frozen = self.epoch()
+
+    def epoch(self) -> float:
+        return self.frozen if self.frozen is not None else self.now() - self.start - self.evals
+
+    def total(self) -> float:
+        return self.before + self.epoch()
+
+    def epoch_ends(self) -> None:
+        self.before += self.epoch()
+
+
 class Progress(tf.keras.callbacks.Callback):
     """Progress events for the console (rank 0), ``metrics.jsonl``, and the accuracy target.
 
@@ -84,7 +116,11 @@ class Progress(tf.keras.callbacks.Callback):
     in ``metrics.jsonl``, timed from the start of the first training step of this process, so time
     to accuracy is not rounded to whole epochs and includes what the evaluations themselves cost.
 
-    Put it after Horovod's MetricAverageCallback, which averages the logs over ranks in place."""
+    Every ``eval`` record also holds ``train_cpu_seconds``, under Horovod: the CPU time every rank's
+    process spent training so far (all its threads, communication included), summed over the ranks.
+
+    Put it after Horovod's MetricAverageCallback, which averages the logs over ranks in place, and on
+    every rank: its stop at the target and its CPU sum are the ranks' together."""
 
     def __init__(self, batch_size: int | None = None, target_accuracy: float | None = None, monitor: str = "val_accuracy",
                  validation_examples: int | None = None) -> None:
@@ -96,7 +132,7 @@ class Progress(tf.keras.callbacks.Callback):
         self.validation_examples = validation_examples
         self.started = time.time()
         self.first_step: float | None = None
-        self.trained = 0.0  # seconds of training steps in the epochs before this one
+        self.wall, self.cpu = _Clock(time.time), _Clock(time.process_time)
         self.reached_target = False
         self.last: dict = {}
         self.last_emit = 0.0
@@ -108,10 +144,10 @@ class Progress(tf.keras.callbacks.Callback):
                          versions=_versions())
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.epoch, self.epoch_start, self.train_time = epoch, time.time(), None
-        self.steps_done, self.test_start = 0, None
-        # Evaluations within the epoch are not training: images/s leaves them out.
-        self.eval_time, self.evaluated_at = 0.0, None
+        self.epoch = epoch
+        self.wall.epoch_begins()
+        self.cpu.epoch_begins()
+        self.steps_done, self.test_start, self.evaluated_at = 0, None, None
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.first_step is None:
@@ -122,25 +158,34 @@ class Progress(tf.keras.callbacks.Callback):
         now = time.time()
         if now - self.last_emit > REPORT_S or batch + 1 == self.steps:
             self.last_emit = now
-            ips = (batch + 1) * self.global_batch / max(now - self.epoch_start - self.eval_time, 1e-9) if self.global_batch else None
+            ips = (batch + 1) * self.global_batch / max(self.wall.epoch(), 1e-9) if self.global_batch else None
             self.events.emit("step", epoch=self.epoch + 1, step=batch + 1, steps=self.steps,
                              loss=float((logs or {}).get("loss", 0.0)), images_per_sec=ips)
 
     def on_test_begin(self, logs=None):
         self.test_start = time.time()
-        if getattr(self, "train_time", 0) is None:
-            self.train_time = self.test_start - self.epoch_start - self.eval_time
+        if hasattr(self, "epoch"):  # a validation in fit, not a model.evaluate() of its own
+            self.wall.freeze()
+            self.cpu.freeze()
 
     def on_test_end(self, logs=None):
         self.test_seconds = time.time() - (self.test_start or time.time())
 
     def train_seconds(self) -> float:
         """Seconds spent in training steps so far: no evaluation, nothing between epochs (checkpoints)."""
-        now = self.train_time if self.train_time is not None else time.time() - self.epoch_start - self.eval_time
-        return self.trained + now
+        return self.wall.total()
+
+    def train_cpu_seconds(self) -> float | None:
+        """CPU seconds every rank's process spent training so far, summed (all their threads, the
+        communication's included), under Horovod; None elsewhere, where no collective sums them.
+        Every rank must call it at the same point."""
+        hvd = sys.modules.get("horovod.tensorflow")
+        if hvd is None or not hvd.is_initialized():
+            return None
+        return float(hvd.allreduce(tf.constant(self.cpu.total(), tf.float64), op=hvd.Sum, name="edgetrain.train_cpu"))
 
     def on_epoch_end(self, epoch, logs=None):
-        train_time = self.train_time or (time.time() - self.epoch_start - self.eval_time)
+        train_time = self.wall.epoch()
         metrics = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items() if _number(v)}}
         if self.global_batch and self.steps_done:
             # An epoch cut short by the target counts only the steps it took.
@@ -153,7 +198,8 @@ class Progress(tf.keras.callbacks.Callback):
         # After a stop at the target, the epoch's validation repeats the evaluation that stopped it.
         if self.test_start is not None and "val_accuracy" in metrics and self.evaluated_at != self.steps_done:
             self.evaluated(metrics["val_accuracy"], metrics.get("val_loss"), self.test_seconds, self.validation_examples)
-        self.trained += train_time
+        self.wall.epoch_ends()
+        self.cpu.epoch_ends()
         if self.monitor != "val_accuracy" and self.target is not None and metrics.get(self.monitor, -1.0) >= self.target:
             self._stop()
 
@@ -167,6 +213,9 @@ class Progress(tf.keras.callbacks.Callback):
                   "images": ((self.epoch * self.steps) + self.steps_done) * (self.global_batch or 0) or None,
                   "val_accuracy": float(val_accuracy), "val_loss": None if val_loss is None else float(val_loss),
                   "eval_seconds": seconds, "examples": examples, "ranks": self.size}
+        cpu = self.train_cpu_seconds()
+        if cpu is not None:
+            record["train_cpu_seconds"] = cpu
         if _restored_epoch:
             record["resumed_after_epoch"] = _restored_epoch  # the clock restarted with the resume
         if self.target is not None:
@@ -226,12 +275,13 @@ class Evaluations(tf.keras.callbacks.Callback):
         self.done = done
         if not passed or done == self.progress.steps:
             return
-        start = time.time()
+        start, cpu = time.time(), time.process_time()
         if self.before is not None:
             self.before()
         accuracy, mean_loss, total = self.score(self.data)
         took = time.time() - start
-        self.progress.eval_time += took
+        self.progress.wall.evaluation(took)
+        self.progress.cpu.evaluation(time.process_time() - cpu)
         self.progress.evaluated(accuracy, mean_loss, took, total)
 
 

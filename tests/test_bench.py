@@ -123,6 +123,17 @@ def test_steady_rate_counts_training_steps_only_when_the_records_say(tmp_path):
     assert bench.steady_rate(run) == pytest.approx(7680 / 30)
 
 
+def test_images_per_cpu_second_are_read_between_the_first_and_last_evaluation(tmp_path):
+    evals = [{"kind": "eval", "epoch": 1, "step": 100 * k, "images": 6400 * k, "seconds": 40.0 * k, "eval_seconds": 5.0,
+              "train_cpu_seconds": 70.0 * k, "val_accuracy": 0.9 + k / 100} for k in (1, 2, 3)]
+    run = _run_with(tmp_path / "cpu", [*evals, {"epoch": 1, "images_per_sec": 200.0}])
+    assert bench.cpu_rate(run) == pytest.approx(12_800 / 140)
+    # Records without the CPU clock (a torch or tf-multiworker script, an older run): no figure, not a guess.
+    for e in evals:
+        del e["train_cpu_seconds"]
+    assert bench.cpu_rate(_run_with(tmp_path / "none", evals)) is None
+
+
 def _body(rates: dict[int, float]) -> dict:
     one = rates[1]
     return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}

@@ -171,6 +171,10 @@ def test_evaluations_within_an_epoch_time_the_target(tmp_path):
     # The training clock leaves every evaluation out (bench's img/s is read from it).
     for a, b in zip(evals, evals[1:]):
         assert 0 < b["train_seconds"] - a["train_seconds"] <= b["seconds"] - a["seconds"] - b["eval_seconds"] + 0.05
+        # And the CPU clock of both ranks' processes (bench's img/CPU-s): it ran, and at most as fast as
+        # this machine's cores allow over that wall time.
+        cpu = b["train_cpu_seconds"] - a["train_cpu_seconds"]
+        assert 0 < cpu <= (b["seconds"] - a["seconds"]) * (os.cpu_count() or 1) + 0.2, (a, b)
     *before, reached = evals
     assert reached["reached"] and reached["val_accuracy"] >= 0.75
     assert not any(e["reached"] or e["val_accuracy"] >= 0.75 for e in before)

@@ -88,6 +88,7 @@ class Trial:
     seconds_to_target: float | None
     images_to_target: int | None
     status: str
+    images_per_cpu_second: float | None = None  # per CPU-second of every rank's training, communication included
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Point:
     predicted_efficiency: float | None
     trials: list[Trial]
     predicted_range: tuple[float, float] | None = None
+    images_per_cpu_second: float | None = None  # the trials' median
 
 
 def parse_nodes(spec: str | None) -> list[int] | None:
@@ -201,6 +203,20 @@ def steady_rate(run: runs.Run) -> float | None:
     return epochs[-1]["images_per_sec"] if epochs else None
 
 
+def cpu_rate(run: runs.Run) -> float | None:
+    """Images per CPU-second of training, all ranks' processes summed (every thread: the framework's
+    and the communication's), between the first and the last evaluation as ``steady_rate`` takes
+    img/s; None for runs whose records lack the CPU clock (torch, tf-multiworker, older runs). Where
+    it falls as N grows, the nodes spend CPU on communicating or waiting, not only on training."""
+    evals = [e for e in run.evaluations() if e.get("images") and e.get("train_cpu_seconds") is not None
+             and "resumed_after_epoch" not in e]
+    if len(evals) < 2:
+        return None
+    first, last = evals[0], evals[-1]
+    cpu = last["train_cpu_seconds"] - first["train_cpu_seconds"]
+    return (last["images"] - first["images"]) / cpu if cpu > 0 and last["images"] > first["images"] else None
+
+
 class Bench:
     def __init__(self, req: BenchRequest):
         self.req = req
@@ -292,7 +308,7 @@ class Bench:
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
         seconds, images = _seconds_to_target(run, self.target_accuracy)
-        return Trial(n, run.id, ips, seconds, images, outcome.state.value)
+        return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run))
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
@@ -353,7 +369,8 @@ class Bench:
             share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
             guess = self.predicted.get(n)
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
-                             guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None))
+                             guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
+                             _median([t.images_per_cpu_second for t in trials])))
         return out
 
     def save(self, points: list[Point] | None = None) -> dict:

@@ -178,10 +178,12 @@ def bench(
     b = benching.Bench(req)
     points = b.run()
     goal = b.target_accuracy
-    table = Table("N", "img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share", f"s to {goal:.1%}" if goal else "s to target", box=None)
+    table = Table("N", "img/s", "img/CPU-s", "E(N)", "E predicted", "allreduce ms", "allreduce share",
+                  f"s to {goal:.1%}" if goal else "s to target", box=None)
     for p in points:
         ar = b.allreduce.get(p.nodes)
-        table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-", _pct(p.efficiency),
+        table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-",
+                      f"{p.images_per_cpu_second:,.0f}" if p.images_per_cpu_second else "-", _pct(p.efficiency),
                       _pct(p.predicted_efficiency) + (f" ({p.predicted_range[0]:.0%}-{p.predicted_range[1]:.0%})" if p.predicted_range else ""),
                       f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
                       f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")
