@@ -97,7 +97,10 @@ class Progress:
         self.last: dict = {}
         self.done, self.last_emit, self.epoch_start = 0, 0.0, time.time()
         self.last_step_at = self.epoch_start
+        # This process's CPU time (every thread: torch's and Gloo's), at the same two moments.
+        self.epoch_cpu = self.last_step_cpu = time.process_time()
         self.trained, self.images = 0.0, 0  # training seconds and images so far, summed at each epoch's end
+        self.cpu_trained = 0.0  # and this rank's training CPU seconds
         self.board = self._tensorboard()
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
                          versions={"torch": torch.__version__})
@@ -114,6 +117,7 @@ class Progress:
     def step(self, loss: float) -> None:
         self.done += 1
         now = self.last_step_at = time.time()
+        self.last_step_cpu = time.process_time()
         if now - self.last_emit > REPORT_S or self.done == self.steps:
             self.last_emit = now
             ips = self.done * self.global_batch / max(now - self.epoch_start, 1e-9) if self.global_batch else None
@@ -123,10 +127,12 @@ class Progress:
     def epoch(self, loss: float | None = None, **metrics: float) -> dict:
         """The epoch's figures (the same on every rank, e.g. averaged with all_reduce): recorded on
         rank 0, and the next epoch begins. With ``val_accuracy`` among them, also an evaluation
-        record, from which `edgetrain bench` reads the time to its target accuracy."""
+        record, from which `edgetrain bench` reads the time to its target accuracy and, summed over
+        the ranks with an all_reduce, the training CPU time: call it on every rank."""
         now = time.time()
         seconds = self.last_step_at - self.epoch_start  # training steps only: not the evaluation after them
         self.trained, self.images = self.trained + seconds, self.images + self.done * (self.global_batch or 0)
+        self.cpu_trained += self.last_step_cpu - self.epoch_cpu
         record = {"epoch": self.current + 1, **({"loss": float(loss)} if loss is not None else {}),
                   **{k: float(v) for k, v in metrics.items()}}
         if self.global_batch and self.done and seconds > 0:
@@ -136,7 +142,8 @@ class Progress:
         if "val_accuracy" in record:
             lines.append({"kind": "eval", "epoch": record["epoch"], "step": self.done, "seconds": now - self.started,
                           "train_seconds": self.trained, "images": self.images or None, "val_accuracy": record["val_accuracy"],
-                          "val_loss": record.get("val_loss"), "eval_seconds": now - self.last_step_at, "ranks": self.size})
+                          "val_loss": record.get("val_loss"), "eval_seconds": now - self.last_step_at, "ranks": self.size,
+                          **self._cpu_seconds()})
         if self.rank == 0:
             with open(run_dir() / "metrics.jsonl", "a") as f:
                 f.writelines(json.dumps(line) + "\n" for line in lines)
@@ -148,4 +155,16 @@ class Progress:
                 self.board.flush()
         self.last, self.current, self.done = record, self.current + 1, 0
         self.epoch_start = self.last_step_at = time.time()
+        self.epoch_cpu = self.last_step_cpu = time.process_time()
         return record
+
+    def _cpu_seconds(self) -> dict:
+        """Every rank's training CPU seconds so far, summed (`edgetrain bench`'s img/CPU-s): a
+        collective, as ``epoch()`` is called on every rank; nothing outside a process group."""
+        if not dist.is_available() or not dist.is_initialized():
+            return {}
+        total = torch.tensor([self.cpu_trained], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            total = total.cuda()
+        dist.all_reduce(total)
+        return {"train_cpu_seconds": float(total.item())}

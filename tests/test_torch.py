@@ -226,6 +226,10 @@ def test_the_torch_extras_record_epochs_checkpoint_and_resume(tmp_path):
     assert "training with_extras on 2 ranks, 4 steps per epoch" in r.stdout and "epoch 2/2: loss" in r.stdout
     run = only_run(tmp_path)
     assert [m["epoch"] for m in run.metrics()] == [1, 2] and all(m["ranks"] == 2 for m in run.metrics())
+    # Both ranks' training CPU time, summed: it grows, and no faster than this machine's cores allow.
+    first, second = run.evaluations()
+    assert 0 < first["train_cpu_seconds"] < second["train_cpu_seconds"]
+    assert second["train_cpu_seconds"] - first["train_cpu_seconds"] <= (second["seconds"] - first["seconds"]) * (os.cpu_count() or 1) + 0.2
     saved = sorted(p.name for p in run.checkpoints.iterdir())
     assert saved == ["epoch-0001", "epoch-0002"]
     assert list((run.path / "tensorboard").glob("events.out.tfevents.*"))

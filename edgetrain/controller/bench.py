@@ -206,7 +206,7 @@ def steady_rate(run: runs.Run) -> float | None:
 def cpu_rate(run: runs.Run) -> float | None:
     """Images per CPU-second of training, all ranks' processes summed (every thread: the framework's
     and the communication's), between the first and the last evaluation as ``steady_rate`` takes
-    img/s; None for runs whose records lack the CPU clock (torch, tf-multiworker, older runs). Where
+    img/s; None for runs whose records lack the CPU clock (tf-multiworker, older runs). Where
     it falls as N grows, the nodes spend CPU on communicating or waiting, not only on training."""
     evals = [e for e in run.evaluations() if e.get("images") and e.get("train_cpu_seconds") is not None
              and "resumed_after_epoch" not in e]
