@@ -89,6 +89,7 @@ class Trial:
     images_to_target: int | None
     status: str
     images_per_cpu_second: float | None = None  # per CPU-second of every rank's training, communication included
+    test_accuracy: float | None = None  # scored once after training, where --holdout kept validation apart
 
 
 @dataclass
@@ -308,7 +309,8 @@ class Bench:
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
         seconds, images = _seconds_to_target(run, self.target_accuracy)
-        return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run))
+        tested = run.test_score()
+        return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None)
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
@@ -330,6 +332,7 @@ class Bench:
                 trial = self.train(n, attempt)
                 self.trials.append(trial)
                 reached = f", target at {trial.seconds_to_target:.0f} s" if trial.seconds_to_target is not None else ""
+                reached += f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else ""
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
                 self.save()
