@@ -170,7 +170,7 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     # The embedded default: one node, so no allreduce to measure; two tiny tries.
     root = tmp_path / "runs"
     r = edgetrain("bench", "lenet", "--nodes", "1", "--repeat", "2", "--seed", "7", "--epochs", "1", "--max-steps", "16",
-                  "--eval-every", "8", "--holdout", "1000", "--runs-dir", str(root), timeout=900)
+                  "--eval-every", "8", "--holdout", "1000", "--target-accuracy", "0.2", "--runs-dir", str(root), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     tries = [run for run in runs.all_runs(root) if run.record().job == "lenet"]
     args = [run.record().program.args for run in tries]
@@ -184,6 +184,10 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     # the batch, 1,024); each try's test set scored once, after it.
     assert all(e["examples"] == 1000 for run in tries for e in run.evaluations())
     assert [t["test_accuracy"] for t in result["trials"]] == [run.test_score()["test_accuracy"] for run in tries]
+    # Time to the target from the first step, and from the launch (the first step's own offset more).
+    for t, run in zip(result["trials"], tries):
+        assert t["seconds_to_target"] is not None, t
+        assert t["seconds_to_target_from_launch"] == pytest.approx(run.record().attempts[-1].first_step_s + t["seconds_to_target"])
     # Its figure, and a try's own, drawn from these records (tests/test_plots.py checks what they carry).
     assert "lenet (horovod)" in (bench_dir / "bench.svg").read_text()
     r = edgetrain("runs", "show", tries[0].id, "--plot", "--runs-dir", str(root))
