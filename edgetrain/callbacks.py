@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from edgetrain.shared import checkpoints
+from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.progress import REPORT_S, Events, rank0_events
 
 _restored_epoch = 0
@@ -242,8 +242,7 @@ class Progress(tf.keras.callbacks.Callback):
         self.model.stop_training = True
 
     def _append(self, record: dict) -> None:
-        with open(run_dir() / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        runs.Run(run_dir()).append_metrics([record])
 
 
 class Evaluations(tf.keras.callbacks.Callback):

@@ -20,7 +20,6 @@ Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files g
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from edgetrain.shared import checkpoints
+from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.progress import REPORT_S, rank0_events
 
 STATE = "state.pt"
@@ -145,8 +144,7 @@ class Progress:
                           "val_loss": record.get("val_loss"), "eval_seconds": now - self.last_step_at, "ranks": self.size,
                           **self._cpu_seconds()})
         if self.rank == 0:
-            with open(run_dir() / "metrics.jsonl", "a") as f:
-                f.writelines(json.dumps(line) + "\n" for line in lines)
+            runs.Run(run_dir()).append_metrics(lines)
             self.events.emit("epoch", **record)
             if self.board is not None:
                 for k, v in record.items():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.shared import failures, runs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.remote import Nodes
@@ -145,3 +146,12 @@ def test_logs_brought_home_onto_a_full_disk_leave_the_old_copies_whole(tmp_path,
         assert nodes.fetch(LOCAL, str(node), ["metrics.jsonl", "rank.*.log"], here) == []
     assert (here / "metrics.jsonl").read_bytes() == (node / "metrics.jsonl").read_bytes()
     assert sorted(p.name for p in here.iterdir()) == ["metrics.jsonl", "rank.0.log"]
+
+
+def test_a_metrics_line_that_meets_a_full_disk_is_named_in_the_failure_record(tmp_path, full_disk):
+    fill(full_disk)
+    with pytest.raises(OSError) as caught:
+        runs.Run(full_disk).append_metrics([{"epoch": 1, "loss": 0.5}])
+    assert failures.disk_full(caught.value, full_disk) == (
+        "its run directory's disk is full (No space left on device) while writing metrics.jsonl",
+        "free disk space on that node, then resume")

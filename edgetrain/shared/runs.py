@@ -58,7 +58,16 @@ class Run:
 
     @property
     def metrics_file(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / METRICS
+
+    def append_metrics(self, records: list[dict]) -> None:
+        """Rank 0's records, a line each. A write that fails names the file (a full disk's
+        failure record then says what was being written)."""
+        try:
+            with open(self.metrics_file, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(self.metrics_file)) from exc
 
     @property
     def checkpoints(self) -> Path:
@@ -247,6 +256,7 @@ def create(root: Path, job: str) -> Run:
     raise EdgetrainError(f"could not create a new run directory in {root}")
 
 
+METRICS = "metrics.jsonl"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
