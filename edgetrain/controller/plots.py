@@ -48,7 +48,7 @@ def _pyplot():
         raise EdgetrainError("plots need matplotlib, which this Python environment lacks",
                              "pip install 'edgetrain[plot]' (scripts/setup installs it)") from None
     matplotlib.use("Agg")  # files only: a controller may have no display
-    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: searchable, and a tenth of the size
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text (searchable), not glyph outlines
     import matplotlib.pyplot as plt
 
     return plt
