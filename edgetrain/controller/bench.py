@@ -187,13 +187,19 @@ def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | Non
     return None, None
 
 
+def _steady_evaluations(run: runs.Run, *needs: str) -> list[dict]:
+    """The run's evaluations that count training images and hold ``needs``, in the attempt that
+    started it (a resume restarts the clocks)."""
+    return [e for e in run.evaluations() if e.get("images") and all(e.get(k) is not None for k in needs)
+            and "resumed_after_epoch" not in e]
+
+
 def steady_rate(run: runs.Run) -> float | None:
     """Training img/s after warm-up: between the first and the last evaluation, in training steps
     only (the records' ``train_seconds``; from runs that predate it, their clock less the evaluations,
     which also counts the work between epochs), else the last epoch's. A run stopped at its target
     inside epoch 1 has only that epoch, whose figure carries TensorFlow's tracing."""
-    evals = [e for e in run.evaluations() if e.get("images") and e.get("seconds") is not None
-             and e.get("eval_seconds") is not None and "resumed_after_epoch" not in e]
+    evals = _steady_evaluations(run, "seconds", "eval_seconds")
     if len(evals) >= 2:
         first, last = evals[0], evals[-1]
         if first.get("train_seconds") is not None and last.get("train_seconds") is not None:
@@ -211,8 +217,7 @@ def cpu_rate(run: runs.Run) -> float | None:
     and the communication's), between the first and the last evaluation as ``steady_rate`` takes
     img/s; None for runs whose records lack the CPU clock (tf-multiworker, older runs). Where
     it falls as N grows, the nodes spend CPU on communicating or waiting, not only on training."""
-    evals = [e for e in run.evaluations() if e.get("images") and e.get("train_cpu_seconds") is not None
-             and "resumed_after_epoch" not in e]
+    evals = _steady_evaluations(run, "train_cpu_seconds")
     if len(evals) < 2:
         return None
     first, last = evals[0], evals[-1]
