@@ -4,7 +4,7 @@ testbed, N = 1..3, one rank per node, every node warmed first (the image and tor
 interleaved so the machine's drift falls on both alike: the second epoch's img/s, the time from
 the command to the first step (rank 0's first progress line as it comes) and the wall time; beside
 them edgetrain's built-in Horovod LeNet (Keras, the same layers with "same" padding: 1.63 M
-parameters to the DDP script's 0.84 M) for the same 2 x 20 steps of 64 images, its img/s from its
+parameters to the DDP script's 0.84 M) for the same 2 x 100 steps of 64 images, its img/s from its
 metrics and its first step from its run record (from the launch). edgetrain's console, each line
 at its second, is kept in the run directory (console.txt): where its time went.
 
@@ -36,7 +36,9 @@ from .long_run import TimedOutput
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
 SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
-ARGS = ["--epochs", "2", "--steps-per-epoch", "20"]
+# 100 steps: an epoch long enough (15-40 s on the emulated nodes) that drift within it is small.
+STEPS = 100
+ARGS = ["--epochs", "2", "--steps-per-epoch", str(STEPS)]
 EPOCH = re.compile(r"epoch 2/2: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
 FIRST_STEP = "epoch 1/2 step 1/"
 PORT = 29610
@@ -77,7 +79,7 @@ def through_horovod(cluster, inventory: str, n: int) -> Timing:
     """edgetrain's built-in LeNet under Horovod, for the same steps."""
     runs_before, start = cluster.run_ids(), time.monotonic()
     r = subprocess.run([sys.executable, "-m", "edgetrain", "run", "lenet", "--np", str(n), "-i", inventory, "--hang-timeout", "120",
-                        "--epochs", "2", "--max-steps", "20"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **cluster.env},
+                        "--epochs", "2", "--max-steps", str(STEPS)], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **cluster.env},
                        timeout=1800)
     wall = time.monotonic() - start
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -142,5 +144,5 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
                     f"ratio {et.rate / tr.rate:.2f}x img/s, first step {et.first_step - tr.first_step:+.1f} s, wall {et.wall - tr.wall:+.1f} s; "
                     f"edgetrain's Horovod LeNet {hv.rate:.0f} img/s, first step {hv.first_step:.1f} s from the launch, wall {hv.wall:.1f} s")
         print(rows[-1], flush=True)
-    report[f"torch DDP LeNet, emulated pi4 nodes ({BRACKET} bracket), 2 x 20 steps: edgetrain vs torchrun by hand, and Horovod LeNet"] = "; ".join(rows)
+    report[f"torch DDP LeNet, emulated pi4 nodes ({BRACKET} bracket), 2 x {STEPS} steps: edgetrain vs torchrun by hand, and Horovod LeNet"] = "; ".join(rows)
     assert cluster.leftovers() == {}
