@@ -139,6 +139,21 @@ def _body(rates: dict[int, float]) -> dict:
     return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}
 
 
+@pytest.mark.parametrize(("reference", "one_at_two"), [(bench.Reference.ALONE, 100.0), (bench.Reference.CONCURRENT, 85.0)])
+def test_e_n_divides_by_one_node_alone_or_by_the_one_node_runs_made_beside_each_other(tmp_path, reference, one_at_two):
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", reference=reference))
+    b.nodes = [1, 2]
+
+    def trial(n: int, ips: float, beside: int = 0) -> bench.Trial:
+        return bench.Trial(n, f"run-{n}-{ips}", ips, None, None, "completed", beside=beside)
+
+    b.trials = [trial(1, 100.0), trial(2, 180.0), trial(1, 80.0, beside=1), trial(1, 90.0, beside=1)]
+    one, two = b.points()
+    # The concurrent one-node runs are the reference at N = 2 only, and never a point of their own.
+    assert [t.run for t in one.trials] == ["run-1-100.0"] and one.reference == 100.0 and one.efficiency == pytest.approx(1.0)
+    assert two.reference == one_at_two and two.efficiency == pytest.approx(180.0 / (2 * one_at_two))
+
+
 def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
     assert bench.advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
     warning = bench.advice(_body({1: 231, 2: 165, 3: 160}), 3)

@@ -7,7 +7,10 @@ script with ``--strategy torch``):
   (b) the job on one node: img/s, and the time to the target accuracy;
   (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
       ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
-      above one node's (what allreduce and waiting add), and the time to the target accuracy;
+      above one node's (what allreduce and waiting add), and the time to the target accuracy.
+      With ``--reference concurrent``, R(1) at each N is N one-node runs at once, one on each of the
+      N nodes: nodes that share a machine (an emulated cluster) then give the reference the same
+      neighbours as the N-node run;
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
       slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
@@ -28,9 +31,11 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 
 from edgetrain.controller import inventory, launch, overlap, placement, plots
@@ -40,6 +45,13 @@ from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import TRAIN_EXAMPLES
 from edgetrain.shared.errors import EdgetrainError, UsageError
 from edgetrain.controller.program import JobOptions, Program
+
+
+class Reference(str, Enum):
+    """What E(N) divides by: N times one node's img/s, measured how."""
+
+    ALONE = "alone"  # one node's run by itself: real nodes share nothing, so this is theirs
+    CONCURRENT = "concurrent"  # at each N, N one-node runs at once: nodes that share one machine
 
 
 @dataclass
@@ -56,6 +68,7 @@ class BenchRequest:
     runs_dir: Path = field(default_factory=runs.default_root)
     command: list[str] = field(default_factory=list)
     log: Callable[[str], None] = print
+    reference: Reference = Reference.ALONE
 
 
 @dataclass
@@ -92,6 +105,7 @@ class Trial:
     test_accuracy: float | None = None  # scored once after training, where --holdout kept validation apart
     # From the launch (preflight, containers, the MPI probe, imports, data, tracing) to the target.
     seconds_to_target_from_launch: float | None = None
+    beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
 
 
 @dataclass
@@ -107,6 +121,7 @@ class Point:
     trials: list[Trial]
     predicted_range: tuple[float, float] | None = None
     images_per_cpu_second: float | None = None  # the trials' median
+    reference: float | None = None  # the one-node img/s E(N) is relative to
 
 
 def parse_nodes(spec: str | None) -> list[int] | None:
@@ -267,10 +282,13 @@ class Bench:
         self.started = time.monotonic()
 
     # -- one launch ---------------------------------------------------------------------------
-    def _launch(self, program: Program, n: int, what: str) -> tuple[runs.Run, launch.Outcome, list[dict]]:
+    def _launch(self, program: Program, n: int, what: str, on: str | None = None) -> tuple[runs.Run, launch.Outcome, list[dict]]:
+        """One run on the first ``n`` hosts, or on host ``on`` alone."""
         seen: list[dict] = []
+        others = {h.name: f"bench: a one-node run on {on}" for h in self.hosts if on is not None and h.name != on}
         req = launch.RunRequest(program=program, np=n, inventory=self.req.inventory, group=self.req.group, per_node=1,
-                                strategy=self.req.strategy, runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"], log=lambda line: None)
+                                strategy=self.req.strategy, runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"],
+                                excluded=others, log=lambda line: None)
 
         def on_event(e: dict) -> None:
             seen.append(e)
@@ -305,8 +323,9 @@ class Bench:
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
-    def train(self, n: int, attempt: int) -> Trial:
-        run, outcome, _ = self._launch(self.program_for(n, attempt), n, f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}")
+    def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0) -> Trial:
+        what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
+        run, outcome, _ = self._launch(self.program_for(n, attempt), n, what, on)
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
@@ -320,7 +339,30 @@ class Bench:
         attempts = run.record().attempts
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
-                     launched + seconds if launched is not None and seconds is not None else None)
+                     launched + seconds if launched is not None and seconds is not None else None, beside)
+
+    def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
+        """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
+        waits on its processes, so they overlap; daemons, so an interrupted bench does not wait for
+        them, and their containers end themselves once the controller is gone)."""
+        hosts = [h.name for h in self.hosts[:n]]
+        done: dict[str, Trial | Exception] = {}
+
+        def one(host: str) -> None:
+            try:
+                done[host] = self.train(1, attempt, on=host, beside=n - 1)
+            except Exception as exc:  # raised in the bench's thread below
+                done[host] = exc
+
+        threads = [threading.Thread(target=one, args=(h,), name=f"bench-{h}", daemon=True) for h in hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for got in done.values():
+            if isinstance(got, Exception):
+                raise got
+        return [done[h] for h in hosts]
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
@@ -347,6 +389,13 @@ class Bench:
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
                 self.save()
+                if n > 1 and req.reference is Reference.CONCURRENT:
+                    alongside = self.train_concurrently(n, attempt)
+                    self.trials.extend(alongside)
+                    log(f"(r) {n} one-node runs at once, try {attempt}: "
+                        + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
+                                    for host, t in zip(self.hosts, alongside)))
+                    self.save()
         points = self.points()
         body = self.save(points)
         try:
@@ -355,8 +404,17 @@ class Bench:
             log(f"edgetrain: warning: no plot: {exc.problem} ({exc.fix})")
         return points
 
+    def _trials(self, n: int, beside: int = 0) -> list[Trial]:
+        return [t for t in self.trials if t.nodes == n and t.beside == beside]
+
+    def reference(self, n: int) -> float | None:
+        """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""
+        if n > 1 and self.req.reference is Reference.CONCURRENT:
+            return _median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
+        return _median([t.images_per_sec for t in self._trials(1)])
+
     def _predict(self) -> None:
-        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
+        one = _median([t.images_per_sec for t in self._trials(1)])
         if one is None:
             return
         step = self.batch_size() / one
@@ -371,11 +429,11 @@ class Bench:
         return int(self.program.checkpoint_options.get("batch_size", 64))
 
     def points(self) -> list[Point]:
-        one = _median([t.images_per_sec for t in self.trials if t.nodes == 1])
         out = []
         for n in self.nodes:
-            trials = [t for t in self.trials if t.nodes == n]
+            trials = self._trials(n)
             ips = _median([t.images_per_sec for t in trials])
+            one = self.reference(n)
             eff = ips / (n * one) if ips and one else None
             # The allreduce as measured alone (a), against a rank's measured step at N.
             ar = self.allreduce.get(n)
@@ -384,14 +442,14 @@ class Bench:
             guess = self.predicted.get(n)
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
-                             _median([t.images_per_cpu_second for t in trials])))
+                             _median([t.images_per_cpu_second for t in trials]), one))
         return out
 
     def save(self, points: list[Point] | None = None) -> dict:
         body = {
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
-            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat,
+            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
             "allreduce": [asdict(a) for a in self.allreduce.values()],
             "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},

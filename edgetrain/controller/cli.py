@@ -164,6 +164,7 @@ def bench(
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
+    reference: Annotated[benching.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = benching.Reference.ALONE,
     runs_dir: RunsDirOpt = Path("runs"),
     options: JobOptions = JobOptions(),
 ) -> None:
@@ -172,18 +173,19 @@ def bench(
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
                                 int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
-                                log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+                                log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True), reference=reference)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     b = benching.Bench(req)
     points = b.run()
     goal = b.target_accuracy
-    table = Table("N", "img/s", "img/CPU-s", "E(N)", "E predicted", "allreduce ms", "allreduce share",
+    table = Table("N", "img/s", "img/CPU-s", "1 node img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share",
                   f"s to {goal:.1%}" if goal else "s to target", box=None)
     for p in points:
         ar = b.allreduce.get(p.nodes)
         table.add_row(str(p.nodes), f"{p.images_per_sec:,.0f}" if p.images_per_sec else "-",
-                      f"{p.images_per_cpu_second:,.0f}" if p.images_per_cpu_second else "-", _pct(p.efficiency),
+                      f"{p.images_per_cpu_second:,.0f}" if p.images_per_cpu_second else "-",
+                      f"{p.reference:,.0f}" if p.reference else "-", _pct(p.efficiency),
                       _pct(p.predicted_efficiency) + (f" ({p.predicted_range[0]:.0%}-{p.predicted_range[1]:.0%})" if p.predicted_range else ""),
                       f"{ar.seconds * 1e3:.1f}" if ar else "-", _pct(p.comm_share),
                       f"{p.seconds_to_target:.0f}" if p.seconds_to_target is not None else "-")

@@ -15,6 +15,7 @@ arguments (docs/images.md).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shlex
@@ -47,10 +48,11 @@ from edgetrain.controller.remote import ssh_command
 DEFAULT_DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SUITE = "bookworm"
 IMAGE_REPOSITORY = "edgetrain"
-# Compiled inside the image against its own MPICH, so they enter the wheelhouse as sources.
-BUILT_FROM_SOURCE = ("horovod", "mpi4py")
-# What the builder stage needs to compile Horovod (besides TensorFlow) and mpi4py (Cython).
-BUILD_REQUIREMENTS = ("cmake", "packaging", "psutil", "pyyaml", "cloudpickle", "wheel", "setuptools", "cython")
+# Compiled inside the image against its own MPICH, so it enters the wheelhouse as a source. (mpi4py's
+# wheel loads any MPICH by its ABI's name: images/link-mpich-abi.)
+BUILT_FROM_SOURCE = ("horovod",)
+# What the builder stage needs to compile Horovod, besides TensorFlow.
+BUILD_REQUIREMENTS = ("cmake", "packaging", "psutil", "pyyaml", "cloudpickle", "wheel", "setuptools")
 BASE_SHA_LABEL = "org.edgetrain.base.rootfs-sha256"
 
 Log = Callable[[str], None]
@@ -244,7 +246,7 @@ def prepare_wheelhouse(tgt: Target, cache_dir: Path, log: Log = print) -> Wheelh
         f"pip download for {tgt.platform}",
         fix,
     )
-    _run([*pip, "--no-deps", "--no-binary=:all:", *source], "pip download of the Horovod and mpi4py sources", fix)
+    _run([*pip, "--no-deps", "--no-binary=:all:", *source], "pip download of Horovod's source", fix)
     files = {p.name: _sha256(p) for p in sorted(wheels.iterdir())}
     manifest_path.write_text(json.dumps({"key": key, "files": files}, indent=1))
     log(f"wheelhouse {wheels}: {len(files)} files")
@@ -639,19 +641,92 @@ def _local_image(tag: str, for_hosts: Iterable[Host]) -> tuple[str, str]:
     return found["Id"], found["Architecture"]
 
 
-def _send(tag: str, host: Host) -> None:
-    """``docker save TAG`` from this machine's engine (SDK) into ``docker load`` on the node (ssh + CLI)."""
+def _node_layers(host: Host) -> list[list[str]]:
+    """The layers (diff IDs, base first) of every image the node holds."""
+    ids = sorted(set(_run(node_docker(host, ["image", "ls", "-q", "--no-trunc"]), f"listing images on {host.name}",
+                          "check ssh to the node and its Docker engine").stdout.split()))
+    if not ids:
+        return []
+    out = _run(node_docker(host, ["image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids]), f"inspecting images on {host.name}").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def layers_held(layers: list[str], on_node: list[list[str]]) -> int:
+    """How many of an image's layers (base first) a node holds: the longest prefix it shares with an
+    image there. A layer is the whole chain below it, so a diff ID found elsewhere is not the same layer."""
+    best = 0
+    for other in on_node:
+        shared = 0
+        for mine, theirs in zip(layers, other):
+            if mine != theirs:
+                break
+            shared += 1
+        best = max(best, shared)
+    return best
+
+
+class _Chunks(io.RawIOBase):
+    """An iterator of byte chunks read as a file (``docker save``'s stream, for tarfile)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._chunks = iter(chunks)
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._left:
+            self._left = next(self._chunks, None)
+            if self._left is None:
+                self._left = b""
+                return 0
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+
+def copy_without(saved: IO[bytes], out: IO[bytes], held: set[str]) -> int:
+    """Copy a ``docker save`` archive to ``out`` without the files whose content is a layer in ``held``
+    (by diff ID: the sha256 of the uncompressed layer); the bytes of file content written. ``docker
+    load`` opens a layer's file only when its engine lacks that layer, so the node still gets the
+    whole image. Each file is hashed before it is written, so it is spooled first (in memory while small)."""
+    written = 0
+    with tarfile.open(fileobj=saved, mode="r|") as src, tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
+        for member in src:
+            if not member.isfile():
+                dst.addfile(member)
+                continue
+            data = src.extractfile(member)
+            with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
+                digest = hashlib.sha256()
+                for block in iter(lambda: data.read(1 << 20), b""):
+                    digest.update(block)
+                    spool.write(block)
+                if f"sha256:{digest.hexdigest()}" in held:
+                    continue
+                spool.seek(0)
+                dst.addfile(member, spool)
+                written += member.size
+    return written
+
+
+def _send(tag: str, host: Host, held: set[str]) -> int:
+    """``docker save TAG`` from this machine's engine (SDK) into ``docker load`` on the node (ssh + CLI),
+    without the layers in ``held``; the bytes sent."""
     with tempfile.TemporaryFile() as said:
         load = subprocess.Popen(node_docker(host, ["load"]), stdin=subprocess.PIPE, stdout=said, stderr=said)
         assert load.stdin is not None
-        problem = None
+        problem, sent = None, None
         try:
-            for chunk in engine().api.get_image(tag):
-                load.stdin.write(chunk)
+            sent = copy_without(io.BufferedReader(_Chunks(engine().api.get_image(tag)), 1 << 20), load.stdin, held)
         except BrokenPipeError:
             problem = "the node's docker load ended early"
         except docker.errors.DockerException as e:
             problem = f"docker save failed: {e}"
+        except tarfile.TarError as e:
+            problem = f"docker save's archive could not be read: {e}"
         finally:
             try:
                 load.stdin.close()
@@ -660,8 +735,9 @@ def _send(tag: str, host: Host) -> None:
             code = load.wait()
         said.seek(0)
         output = said.read().decode(errors="replace").strip()
-    if problem or code != 0:
+    if problem or code != 0 or sent is None:
         raise EdgetrainError(f"sending {tag} to {host.name} failed: {output or problem}", "check disk space and the Docker engine on the node")
+    return sent
 
 
 def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
@@ -679,11 +755,14 @@ def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
             log(f"{host.name}: {tag} {image_id[7:19]} already present")
             shipments.append(Shipment(host.name, tag, image_id, loaded=False))
             continue
-        log(f"{host.name}: sending {tag} {image_id[7:19]}")
-        _send(tag, host)
+        layers = _inspect(tag)["RootFS"]["Layers"]
+        held = layers_held(layers, _node_layers(host))
+        log(f"{host.name}: sending {tag} {image_id[7:19]}" + (f" ({held} of its {len(layers)} layers already there)" if held else ""))
+        # A layer's content can recur above the shared prefix (an empty one, say): that one is sent.
+        sent = _send(tag, host, set(layers[:held]) - set(layers[held:]))
         have = _node_image_id(host, tag)
         if have != image_id:
             raise EdgetrainError(f"{host.name} holds {tag} as {have}, expected {image_id}", "re-run edgetrain images distribute")
-        log(f"{host.name}: {tag} loaded, image ID verified")
+        log(f"{host.name}: {tag} loaded ({sent / 1e6:,.0f} MB sent), image ID verified")
         shipments.append(Shipment(host.name, tag, image_id, loaded=True))
     return shipments

@@ -9,6 +9,7 @@ EDGETRAIN_TESTBED_NODES=4 for N = 1..4.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def _bench_dir(out: str) -> Path:
 
 def test_bench_measures_allreduce_predicts_and_plots(cluster):
     r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
-                  "--max-steps", "8", "--target-accuracy", "0.2", env=cluster.env, timeout=900)
+                  "--max-steps", "8", "--target-accuracy", "0.2", "--reference", "concurrent", env=cluster.env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "(a) allreduce on 2 nodes (gloo)" in r.stdout
     # The prediction comes after one node's run and before the first two-node run.
@@ -45,6 +46,13 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
         # Each try is an ordinary run, one rank per node.
         info = cluster.run_json(trial["run"])
         assert [h["ranks"] for h in info["placement"]["hosts"]] == [1] * p["nodes"]
+    # E(2)'s one node: two one-node runs at once, one on each of the two nodes, their median.
+    beside = [t for t in body["trials"] if t["beside"] == 1]
+    assert sorted(h["name"] for t in beside for h in cluster.run_json(t["run"])["placement"]["hosts"]) == ["node1", "node2"]
+    assert all(t["nodes"] == 1 and t["status"] == "completed" for t in beside)
+    assert points[2]["reference"] == pytest.approx(statistics.median(t["images_per_sec"] for t in beside))
+    assert points[2]["efficiency"] == pytest.approx(points[2]["images_per_sec"] / (2 * points[2]["reference"]))
+    assert "(r) 2 one-node runs at once, try 1: node1 " in out
     # Its figure (what a figure carries: tests/test_plots.py).
     assert f"plot: {d / 'bench.svg'}" in out and "lenet (horovod)" in (d / "bench.svg").read_text()
     assert not cluster.leftovers()

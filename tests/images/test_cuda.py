@@ -56,7 +56,7 @@ def test_every_python_package_comes_from_the_wheelhouse():
     assert "PIP_NO_INDEX=1" in env and 'PIP_FIND_LINKS="/wheels /built /project"' in env
     assert "PIP_CONSTRAINT=/opt/edgetrain/constraints.txt" in env
     pip_runs = [r for r in instructions(builder, "RUN") if re.search(r"\bpip (install|wheel)\b", r)]
-    assert len(pip_runs) == 5  # TensorFlow and build tools; Horovod; mpi4py; edgetrain; torch
+    assert len(pip_runs) == 4  # TensorFlow and build tools; Horovod; edgetrain and mpi4py; torch
     text = DOCKERFILE.read_text()
     # The ENV comes before any pip, and nothing names an index, a URL or a download.
     assert text.index("PIP_NO_INDEX=1") < text.index("pip install")

@@ -7,6 +7,7 @@ travels `docker save | ssh | docker load` between two engines.
 
 from __future__ import annotations
 
+import io
 import socket
 import subprocess
 import time
@@ -96,6 +97,30 @@ def test_distribute_loads_then_skips_and_list_shows_it(amd64_image, node):
     proc = edgetrain("images", "list", "-i", str(node.inventory))
     assert proc.returncode == 0, proc.stderr
     assert "node1" in proc.stdout and amd64_image.tag in proc.stdout and amd64_image.image_id[7:19] in proc.stdout
+
+
+def test_an_image_built_on_one_the_node_holds_is_sent_without_the_layers_it_shares(amd64_image, node, tmp_path):
+    """What `images build --requirements` makes: a few layers on top of the image the node has. Only
+    those travel; docker load still ends with the whole image, its ID verified."""
+    images.distribute(inventory.load(node.inventory), log=lambda _: None)  # the base, if an earlier test did not send it
+    (tmp_path / "extra.txt").write_text("a project's own file\n")
+    (tmp_path / "Dockerfile").write_text(f"FROM {amd64_image.tag}\nCOPY extra.txt /opt/extra.txt\n")
+    tag = f"{amd64_image.tag}-derived-test"
+    images.engine_build(tmp_path, tag=tag, platform="linux/amd64", log=None, output=io.StringIO())
+    text = node.inventory.read_text().replace("edgetrain_arch: x86_64", f"edgetrain_arch: x86_64\n          edgetrain_image: {tag}")
+    (tmp_path / "hosts.yml").write_text(text)
+    said: list[str] = []
+    try:
+        (shipped,) = images.distribute(inventory.load(tmp_path / "hosts.yml"), log=said.append)
+        base_layers = len(images._inspect(amd64_image.tag)["RootFS"]["Layers"])
+        assert shipped.loaded and f"({base_layers} of its {base_layers + 1} layers already there)" in said[0], said
+        sent = float(said[-1].split("loaded (")[1].split(" MB sent")[0].replace(",", ""))
+        assert sent < 1, said  # the base is 1.8 GB
+        on_node = node.engine.docker("run", "--rm", "--network", "none", tag, "cat", "/opt/extra.txt").stdout
+        assert on_node == "a project's own file\n"
+    finally:
+        subprocess.run(["docker", "image", "rm", tag], capture_output=True, check=False)
+        node.engine.docker("image", "rm", tag, check=False)
 
 
 def test_distribute_refuses_an_image_of_the_wrong_arch(amd64_image, node, tmp_path):

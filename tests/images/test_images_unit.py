@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import io
@@ -85,8 +86,8 @@ def fake_wheel(tmp_path: Path) -> Path:
 )
 def test_wheelhouse_requirements_follow_the_target(tmp_path, name, frameworks, machine_only):
     binary, source = images.wheelhouse_requirements(fake_wheel(tmp_path), images.TARGETS[name])
-    assert source == ["horovod", "mpi4py"]
-    assert sorted(binary) == sorted({*frameworks, "typer<1,>=0.12", *images.BUILD_REQUIREMENTS, *machine_only})
+    assert source == ["horovod"]  # mpi4py comes as a wheel (images/link-mpich-abi)
+    assert sorted(binary) == sorted({*frameworks, "typer<1,>=0.12", "mpi4py", *images.BUILD_REQUIREMENTS, *machine_only})
 
 
 def test_platform_tags_stop_at_the_base_glibc():
@@ -241,3 +242,34 @@ def test_no_engine_is_one_line_with_the_fix(monkeypatch):
     assert images.local_image_id("edgetrain:x") is None
     with pytest.raises(EdgetrainError, match=r"^cannot reach this machine's Docker engine \(unix:///nonexistent/edgetrain-test.sock\): .* - start the Docker engine"):
         images.engine()
+
+
+def test_a_node_holds_the_layers_it_shares_from_the_base_up():
+    mine = ["sha256:a", "sha256:b", "sha256:c"]
+    assert images.layers_held(mine, []) == 0
+    assert images.layers_held(mine, [["sha256:a", "sha256:b"], ["sha256:a"]]) == 2
+    # The same diff ID over another base is another layer.
+    assert images.layers_held(mine, [["sha256:x", "sha256:b", "sha256:c"]]) == 0
+    assert images.layers_held(mine, [mine + ["sha256:d"]]) == 3
+
+
+def test_a_saved_image_is_copied_without_the_layers_held(tmp_path):
+    def archive(files: dict[str, bytes]) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    base, top = b"base layer" * 1000, b"top layer"
+    files = {"1/layer.tar": base, "1/json": b"{}", "2/layer.tar": top, "manifest.json": b"[]"}
+    held = {"sha256:" + hashlib.sha256(base).hexdigest()}
+    out = io.BytesIO()
+    written = images.copy_without(io.BytesIO(archive(files)), out, held)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tf:
+        copied = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+    assert copied == {"1/json": b"{}", "2/layer.tar": top, "manifest.json": b"[]"}
+    assert written == len(top) + 4
