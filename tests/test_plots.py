@@ -58,6 +58,15 @@ def test_a_bench_figure_sets_benches_side_by_side_with_their_tries_spread(tmp_pa
     assert "pessimistic: predicted" in text
 
 
+def test_the_ideal_line_is_n_times_the_one_node_rate_e_n_divides_by():
+    alone, concurrent = _bench(1.0), _bench(1.0)
+    for p, one in zip(concurrent["points"], (100, 90, 85)):  # bench --reference concurrent: each N's own
+        p["reference"] = one
+    rate = plots.bench_figure([("alone", alone), ("concurrent", concurrent)]).axes[0]
+    ideal = {line.get_label(): line.get_xydata().tolist() for line in rate.lines if line.get_label().endswith("N x one node")}
+    assert ideal == {"alone: N x one node": [[1, 100], [2, 200], [3, 300]], "concurrent: N x one node": [[1, 100], [2, 180], [3, 255]]}
+
+
 def test_a_run_figure_shows_accuracy_and_img_s_over_time(tmp_path):
     run = runs.create(tmp_path, "lenet")
     (run.path / "run.json").write_text("{}")

@@ -69,16 +69,17 @@ def bench_figure(benches: list[tuple[str, dict]]):
     for i, (label, body) in enumerate(benches):
         colour = f"C{i}"
         points = [p for p in body.get("points") or [] if p.get("images_per_sec")]
-        ns = [p["nodes"] for p in points]
         for ax, key, trial_key in ((rate, "images_per_sec", "images_per_sec"), (target, "seconds_to_target", "seconds_to_target")):
             shown = [p for p in points if p.get(key) is not None]
             tries = [[t[trial_key] for t in p["trials"] if t.get(trial_key) is not None] for p in shown]
             bars = list(zip(*(_spread(v, p[key]) for v, p in zip(tries, shown)))) or None
             ax.errorbar([p["nodes"] for p in shown], [p[key] for p in shown], yerr=bars, color=colour, marker="o",
                         capsize=3, label=label)
+        # N x the one-node rate E(N) divides by (bench --reference concurrent: N's own; older benches: N = 1's).
         one = next((p["images_per_sec"] for p in points if p["nodes"] == 1), None)
-        if one:
-            rate.plot(ns, [n * one for n in ns], color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
+        ideal = [(p["nodes"], p["nodes"] * (p.get("reference") or one)) for p in points if p.get("reference") or one]
+        if ideal:
+            rate.plot(*zip(*ideal), color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
         eff.plot([p["nodes"] for p in points if p.get("efficiency") is not None],
                  [p["efficiency"] for p in points if p.get("efficiency") is not None], color=colour, marker="o", label=f"{label}: measured")
         predicted = sorted((int(n), e) for n, e in (body.get("predicted_efficiency") or {}).items())
