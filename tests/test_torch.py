@@ -56,6 +56,8 @@ def test_a_torchrun_script_runs_unchanged_with_what_torchrun_gives_each_worker(t
                        "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
         # Each local rank gets its share of the cores, not torchrun's one thread.
         assert threads == max(1, (os.cpu_count() or 1) // 2)
+    # Rank 0 says when edgetrain's part of the start ended and the script's began.
+    assert re.search(r"^edgetrain: 2 ranks joined rank 0 in \d+\.\d s$", (run.path / "rank.0.log").read_text(), re.MULTILINE)
 
 
 def test_threads_the_user_gave_are_kept_as_torchrun_keeps_them(tmp_path):
