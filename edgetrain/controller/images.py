@@ -720,7 +720,14 @@ def _send(tag: str, host: Host, held: set[str]) -> int:
         assert load.stdin is not None
         problem, sent = None, None
         try:
-            sent = copy_without(io.BufferedReader(_Chunks(engine().api.get_image(tag)), 1 << 20), load.stdin, held)
+            saved = engine().api.get_image(tag)
+            if held:
+                sent = copy_without(io.BufferedReader(_Chunks(saved), 1 << 20), load.stdin, held)
+            else:  # nothing to leave out: the archive as it comes, with no file spooled
+                sent = 0
+                for chunk in saved:
+                    load.stdin.write(chunk)
+                    sent += len(chunk)
         except BrokenPipeError:
             problem = "the node's docker load ended early"
         except docker.errors.DockerException as e:
