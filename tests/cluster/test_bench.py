@@ -48,7 +48,7 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
         assert [h["ranks"] for h in info["placement"]["hosts"]] == [1] * p["nodes"]
     # E(2)'s one node: two one-node runs at once, one on each of the two nodes, their median.
     beside = [t for t in body["trials"] if t["beside"] == 1]
-    assert sorted(h["name"] for t in beside for h in cluster.run_json(t["run"])["placement"]["hosts"]) == ["node1", "node2"]
+    assert sorted(h["host"] for t in beside for h in cluster.run_json(t["run"])["placement"]["hosts"]) == ["node1", "node2"]
     assert all(t["nodes"] == 1 and t["status"] == "completed" for t in beside)
     assert points[2]["reference"] == pytest.approx(statistics.median(t["images_per_sec"] for t in beside))
     assert points[2]["efficiency"] == pytest.approx(points[2]["images_per_sec"] / (2 * points[2]["reference"]))
