@@ -236,7 +236,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     try:
         manifest = _working_copy(args, cwd, outputs)
         _environment(args, rank, console, outputs)
-        _program(args, cwd if manifest is not None else None, strategy.set_up_rank(rank, args.peers, args.args))
+        _program(args, cwd if manifest is not None else None, strategy.set_up_rank(rank, args.peers, args.args), strategy.keeps_program)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
@@ -281,16 +281,27 @@ def _environment(args: argparse.Namespace, rank: int, console: int, outputs: Pat
         link_datasets(args.data, keras_home())
 
 
-def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: list[str]) -> None:
-    """Run the module or script as ``__main__`` (a shipped script from the rank's working copy)."""
-    if args.module:
-        sys.argv = [args.program, *program_args]
-        runpy.run_module(args.program, run_name="__main__", alter_sys=True)
-        return
-    script = str(shipped_to / args.program) if shipped_to is not None else args.program
-    sys.argv = [script, *program_args]
-    sys.path.insert(0, str(Path(script).parent))
-    runpy.run_path(script, run_name="__main__")
+_KEPT: list[object] = []  # what a program made, where its strategy keeps it to the rank's end
+
+
+def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: list[str], keep: bool) -> None:
+    """Run the module or script as ``__main__`` (a shipped script from the rank's working copy);
+    with ``keep``, its globals - or the exception that holds its frames - live until os._exit."""
+    try:
+        if args.module:
+            sys.argv = [args.program, *program_args]
+            made = runpy.run_module(args.program, run_name="__main__", alter_sys=True)
+        else:
+            script = str(shipped_to / args.program) if shipped_to is not None else args.program
+            sys.argv = [script, *program_args]
+            sys.path.insert(0, str(Path(script).parent))
+            made = runpy.run_path(script, run_name="__main__")
+    except BaseException as exc:
+        if keep:
+            _KEPT.append(exc)
+        raise
+    if keep:
+        _KEPT.append(made)
 
 
 def _ended(run_dir: Path, rank: int, host: str, events: Events) -> int:

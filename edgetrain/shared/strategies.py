@@ -69,6 +69,8 @@ class Strategy:
     default_port: ClassVar[int] = 0  # that option's default
     probe: ClassVar[str | None] = None  # the module `edgetrain bench` times this strategy's allreduce with; None: bench cannot
     progress: ClassVar[str] = "edgetrain.callbacks.Progress in the script's callbacks"  # where bench reads a script's img/s
+    # What the program made outlives it, to the rank's os._exit, instead of being destroyed as it returns.
+    keeps_program: ClassVar[bool] = False
 
     # -- on the controller, before anything starts ----------------------------------------------
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
@@ -231,6 +233,11 @@ class Torch(Strategy):
     default_port = 29500  # torchrun's
     probe = "edgetrain.rank.torch_allreduce"
     progress = "edgetrain.ddp.Progress (step() after each step, epoch() after each epoch)"
+    # torch 1.13 deadlocks destroying a DistributedDataParallel model as the script returns: its reducer
+    # destroys the Gloo process group, which joins a worker thread while holding the GIL that thread
+    # waits for to free a tensor (1 run in 6 of a two-rank script hung so here, after its last line).
+    # A script run as a program keeps its objects to the end too.
+    keeps_program = True
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         # MASTER_PORT for the script's rendezvous, the next one for edgetrain's join check before it.
