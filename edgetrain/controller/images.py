@@ -654,15 +654,7 @@ def _node_layers(host: Host) -> list[list[str]]:
 def layers_held(layers: list[str], on_node: list[list[str]]) -> int:
     """How many of an image's layers (base first) a node holds: the longest prefix it shares with an
     image there. A layer is the whole chain below it, so a diff ID found elsewhere is not the same layer."""
-    best = 0
-    for other in on_node:
-        shared = 0
-        for mine, theirs in zip(layers, other):
-            if mine != theirs:
-                break
-            shared += 1
-        best = max(best, shared)
-    return best
+    return max((len(os.path.commonprefix([layers, other])) for other in on_node), default=0)
 
 
 class _Chunks(io.RawIOBase):

@@ -235,7 +235,7 @@ class Torch(Strategy):
     progress = "edgetrain.ddp.Progress (step() after each step, epoch() after each epoch)"
     # torch 1.13 deadlocks destroying a DistributedDataParallel model as the script returns: its reducer
     # destroys the Gloo process group, which joins a worker thread while holding the GIL that thread
-    # waits for to free a tensor (1 run in 6 of a two-rank script hung so here, after its last line).
+    # waits for to free a tensor (2 of 7 runs of a two-rank script hung so here, after its last line).
     # A script run as a program keeps its objects to the end too.
     keeps_program = True
 
