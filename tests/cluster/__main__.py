@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from .bench import DEFAULT_SIZES, LINE_RATE_MB_S, allreduce_bandwidth
+from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, calibrate, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
@@ -116,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cpu_window(bed, args.over), indent=2))
     elif args.cmd == "bench":
         bed = load(args.id)
-        link = "tbf 1 Gbit/s" if bed.state.shaped else "unshaped"
+        link = f"tbf {bed.state.link_mbit} Mbit/s" if bed.state.link_mbit else "unshaped"
         print(f"MPI_Allreduce, 2 ranks on {bed.state.nodes[0].name} and {bed.state.nodes[1].name}, UCX_TLS=tcp,self, links {link}")
         for row in allreduce_bandwidth(bed, python=args.python, sizes=[m << 20 for m in args.mib]):
             print(f"{row['bytes'] >> 20:6d} MiB  {row['seconds'] * 1e3:8.1f} ms  {row['mb_per_s']:6.1f} MB/s"
-                  f"  {100 * row['mb_per_s'] / LINE_RATE_MB_S:3.0f}% of {LINE_RATE_MB_S:.0f} MB/s")
+                  f"  {100 * row['mb_per_s'] / line_rate_mb_s(bed):3.0f}% of {line_rate_mb_s(bed):.0f} MB/s")
     return 0
 
 

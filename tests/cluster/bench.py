@@ -8,8 +8,13 @@ from pathlib import Path
 from .testbed import Testbed
 
 SCRIPT = Path(__file__).with_name("allreduce.py")
-LINE_RATE_MB_S = 125.0  # 1 Gbit/s
 DEFAULT_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
+
+def line_rate_mb_s(bed: Testbed) -> float:
+    """What a node's shaped link carries, in MB/s."""
+    assert bed.state.link_mbit, "the testbed's links are not shaped"
+    return bed.state.link_mbit / 8
 
 
 def allreduce_bandwidth(bed: Testbed, python: str, sizes=DEFAULT_SIZES, nodes: int = 2) -> list[dict]:

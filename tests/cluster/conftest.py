@@ -84,6 +84,12 @@ def emulated(testbed, pi4) -> Testbed:
         testbed.emulate(None)
 
 
+@pytest.fixture
+def conditions(testbed, pi4) -> str:
+    """What a bench ran under, for its report: the emulated Pi, the bracket, the links."""
+    return f"emulated Pi 4 at {pi4.images_per_sec:g} img/s, {BRACKET} bracket, {testbed.state.link_mbit} Mbit/s links"
+
+
 @pytest.fixture(scope="session")
 def playbook(testbed) -> Playbook:
     return Playbook(ROOT, testbed.state.inventory)

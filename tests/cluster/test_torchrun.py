@@ -30,7 +30,6 @@ from edgetrain.controller import images
 from edgetrain.shared import runs
 from tests.conftest import ROOT
 
-from .conftest import BRACKET
 from .long_run import TimedOutput
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
@@ -124,7 +123,7 @@ def through_torchrun(cluster, n: int) -> Timing:
     return Timing(wall, first - start, steady_rate(out, n))
 
 
-def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, report):
+def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, conditions, report):
     # One intra-op thread for both (torch's own default on the testbed's machine, which torchrun
     # keeps for one worker a node): the launchers are compared, not thread counts. edgetrain's
     # default, a node's cores per local rank, is two threads here, which an emulated node's quota
@@ -144,5 +143,5 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, repor
                     f"ratio {et.rate / tr.rate:.2f}x img/s, first step {et.first_step - tr.first_step:+.1f} s, wall {et.wall - tr.wall:+.1f} s; "
                     f"edgetrain's Horovod LeNet {hv.rate:.0f} img/s, first step {hv.first_step:.1f} s from the launch, wall {hv.wall:.1f} s")
         print(rows[-1], flush=True)
-    report[f"torch DDP LeNet, emulated pi4 nodes ({BRACKET} bracket), 2 x {STEPS} steps: edgetrain vs torchrun by hand, and Horovod LeNet"] = "; ".join(rows)
+    report[f"torch DDP LeNet, {conditions}, 2 x {STEPS} steps: edgetrain vs torchrun by hand, and Horovod LeNet"] = "; ".join(rows)
     assert cluster.leftovers() == {}

@@ -4,7 +4,8 @@ Each node is a network namespace on a private bridge, with an address in 198.18.
 benchmarking range, never routed elsewhere), its own hostname (UTS namespace), its own sshd on port
 22 of its address, a private /etc/hosts, /etc/hostname and /etc/docker (bind mounts in a mount
 namespace, so provisioning a node never edits the machine's own files), optional tc tbf shaping of
-its link (default 1 Gbit/s, a Raspberry Pi 4's Ethernet) and optionally its own Docker engine.
+its link (default 1 Gbit/s, a Raspberry Pi 4's Ethernet; EDGETRAIN_TESTBED_LINK_MBIT for another
+rate) and optionally its own Docker engine.
 
 Each node also gets its own /root (an empty tmpfs, like another machine's root home); the
 controller's Python installation, if it lives under /root (pyenv), is bind-mounted read-only into
@@ -47,7 +48,8 @@ from .emulation import Emulation
 DEFAULT_ROOT = Path(os.environ.get("EDGETRAIN_TESTBED_ROOT", "/var/lib/edgetrain-testbed"))
 # Pi OS ships every board with this name: the base role must rename them.
 FACTORY_HOSTNAME = "raspberrypi"
-SHAPE_RATE = "1gbit"
+# The rate of every node's link in Mbit/s: a Pi 4's Ethernet unless told (a slower switch, Wi-Fi).
+LINK_MBIT = int(os.environ.get("EDGETRAIN_TESTBED_LINK_MBIT", "1000"))
 
 
 def run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -121,7 +123,7 @@ class State:
     subnet: int  # third octet of 198.18.X.0/24
     bridge: str
     mpi_user: str
-    shaped: bool
+    link_mbit: int | None  # every link's tbf rate; None: unshaped
     docker: bool
     nodes: list[Node] = field(default_factory=list)
     created_user: bool = False
@@ -210,7 +212,7 @@ class Testbed:
         login = f"pi{tid[3:]}"
         state = State(
             id=tid, dir=str(d), subnet=_free_subnet(), bridge=f"{tid}-br", mpi_user=mpi_user,
-            shaped=shape, docker=docker, created_user=not _user_exists(mpi_user),
+            link_mbit=LINK_MBIT if shape else None, docker=docker, created_user=not _user_exists(mpi_user),
             expose=[p for p in {sys.base_prefix, sys.prefix} if p.startswith("/root/")],
             login_user=login, created_login=not _user_exists(login),
         )
@@ -280,9 +282,9 @@ class Testbed:
         _ip(*ns, "link", "set", "lo", "up")
         _ip("link", "set", n.veth, "master", s.bridge)
         _ip("link", "set", n.veth, "up")
-        if s.shaped:
+        if s.link_mbit:
             # Both directions: the host-side end shapes traffic into the node, eth0 traffic out.
-            tbf = ("root", "tbf", "rate", SHAPE_RATE, "burst", "256kb", "latency", "10ms")
+            tbf = ("root", "tbf", "rate", f"{s.link_mbit}mbit", "burst", "256kb", "latency", "10ms")
             run("tc", "qdisc", "add", "dev", n.veth, *tbf)
             run("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
 

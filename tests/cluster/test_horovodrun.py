@@ -1,0 +1,154 @@
+"""One Horovod script, the seed's LeNet recipe, through edgetrain against the same script started
+the way Horovod's documentation starts it in Docker ("Horovod in Docker": a container with sshd on
+port 12345 on every node, host networking, the same key in each, and ``horovodrun --gloo`` run in
+the first), on the emulated Pi 4 testbed, N = 1..3, one rank per node, interleaved so the
+machine's drift falls on both alike: the time to the target validation accuracy (from the command,
+and from the script's own first step), the epochs it took, and the last epoch's img/s.
+
+horovodrun's clock starts when its containers are started, since ``edgetrain run`` starts its own
+within its time; the start of horovodrun itself is given too. Each launcher runs with its own
+defaults (edgetrain: Gloo and a long Horovod cycle on several CPU nodes; horovodrun: its cycle
+and fusion defaults, Gloo on ``--network-interface eth0``), which is the comparison a user makes.
+
+A measurement, reported rather than asserted (-m bench): ``pytest -m bench tests/cluster/test_horovodrun.py -s``,
+under the optimistic bracket, or with EDGETRAIN_TESTBED_BRACKET=pessimistic the other (docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from edgetrain.controller import containers, images
+from tests.conftest import ROOT
+
+from .long_run import TimedOutput
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
+
+SCRIPT = Path(__file__).with_name("seed_lenet.py")
+TARGET = float(os.environ.get("EDGETRAIN_BENCH_TARGET", "0.985"))
+ARGS = ["--epochs", "4", "--stop-at-accuracy", str(TARGET)]
+NAME = "horovodrun-bench"
+TIMEOUT = 3600
+
+
+@dataclass
+class Result:
+    to_target: float | None  # seconds from the command to rank 0's line for the epoch that reached it
+    from_first_step: float | None  # the same, by the script's clock from its first step
+    epochs: int
+    rate: float  # the last epoch's training img/s
+    started: float = 0.0  # for horovodrun: seconds from the command to horovodrun's own start
+
+    def __str__(self) -> str:
+        reached = (f"{TARGET:.1%} in {self.to_target:.1f} s ({self.from_first_step:.1f} s from the first step, {self.epochs} epochs)"
+                   if self.to_target is not None else f"{TARGET:.1%} not reached in {self.epochs} epochs")
+        return f"{reached}, {self.rate:.0f} img/s"
+
+
+def result(said: TimedOutput, start: float) -> Result:
+    """What rank 0's epoch lines say, each at the time it came (horovodrun prefixes them with its rank)."""
+    epochs = []
+    for t, line in list(said.timed):
+        at = line.find('{"event": "epoch"')
+        if at >= 0:
+            epochs.append((t, json.loads(line[at:])))
+    assert epochs, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    hit = next(((t, e) for t, e in epochs if e["val_accuracy"] >= TARGET), None)
+    return Result(hit and hit[0] - start, hit and hit[1]["seconds_from_first_step"], len(epochs), epochs[-1][1]["images_per_sec"])
+
+
+def through_edgetrain(cluster, inventory: str, n: int) -> Result:
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", str(SCRIPT), "--np", str(n), "-i", inventory,
+                             "--dataset", "mnist", "--hang-timeout", "3600", "--", *ARGS],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **cluster.env})
+    said = TimedOutput(proc)
+    proc.wait(timeout=TIMEOUT)
+    said.caught_up()
+    assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    return result(said, start)
+
+
+def ssh_dir() -> bytes:
+    """/root/.ssh for every container: one key, accepted by all, and the port horovodrun's ssh uses
+    (what Horovod's Docker instructions share between the nodes)."""
+    keys = Path(os.environ.get("TMPDIR", "/tmp")) / f"{NAME}-{os.getpid()}"
+    keys.mkdir(mode=0o700)
+    try:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519")], check=True)
+        (keys / "authorized_keys").write_bytes((keys / "id_ed25519.pub").read_bytes())
+        (keys / "config").write_text(f"Host *\n    Port {containers.SSH_PORT}\n    StrictHostKeyChecking no\n"
+                                     "    UserKnownHostsFile /dev/null\n    LogLevel ERROR\n")
+        buf = BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for f in sorted(keys.iterdir()):
+                tar.add(f, arcname=f.name)
+        return buf.getvalue()
+    finally:
+        for f in keys.iterdir():
+            f.unlink()
+        keys.rmdir()
+
+
+def through_horovodrun(cluster, n: int, keys: bytes) -> Result:
+    nodes = cluster.bed.state.nodes[:n]
+    work = f"{cluster.home}/{NAME}"
+    for node in nodes:
+        subprocess.run(cluster.bed.ssh_argv(node) + [f"rm -rf {work} && install -d -m 700 {work}/ssh && tar -C {work}/ssh -xf -"],
+                       input=keys, check=True, timeout=60)
+        subprocess.run(cluster.bed.ssh_argv(node) + [f"cat > {work}/train.py"], input=SCRIPT.read_bytes(), check=True, timeout=60)
+    start = time.monotonic()
+    try:
+        for i, node in enumerate(nodes):
+            cluster.docker(node.name, "run", "--detach", "--name", f"{NAME}-{i}", "--network", "host", "--shm-size", containers.SHM_SIZE,
+                           "-v", f"{work}/ssh:/root/.ssh", "-v", f"{work}:/work", "-v", f"{cluster.home}/datasets:/data:ro",
+                           images.TARGETS["amd64"].tag)
+        head = [*nodes[0].docker_cli, "exec", "-w", "/work", f"{NAME}-0"]
+        # horovodrun checks every host's ssh once and gives up: it is started once each sshd answers.
+        for node in nodes:
+            while subprocess.run(head + ["ssh", "-o", "BatchMode=yes", node.address, "true"], capture_output=True).returncode:
+                assert time.monotonic() - start < 120, f"sshd on {node.name} did not answer"
+                time.sleep(0.2)
+        began = time.monotonic()
+        proc = subprocess.Popen(head + ["horovodrun", "--gloo", "-np", str(n), "-H", ",".join(f"{x.address}:1" for x in nodes),
+                                        "-p", str(containers.SSH_PORT), "--network-interface", "eth0", "--start-timeout", "120",
+                                        "python", "train.py", "--data", "/data", *ARGS],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = TimedOutput(proc)
+        proc.wait(timeout=TIMEOUT)
+        said.caught_up()
+        assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+        got = result(said, start)
+        got.started = began - start
+        return got
+    finally:
+        for i, node in enumerate(nodes):
+            cluster.docker(node.name, "rm", "-f", f"{NAME}-{i}", check=False)
+
+
+def test_a_horovod_script_through_edgetrain_against_horovodrun(cluster, emulated, conditions, report):
+    inventory = cluster.docker_inventory("docker-one-slot.yml", head_slots=1)
+    nodes = cluster.bed.state.nodes
+    # Untimed, once on every node: a node's first container reads the image from a cold disk.
+    for node in nodes:
+        cluster.docker(node.name, "run", "--rm", "--network", "none", images.TARGETS["amd64"].tag, "python3", "-c", "import horovod.tensorflow")
+    keys, rows = ssh_dir(), []
+    for n in range(1, len(nodes) + 1):
+        et, hr = through_edgetrain(cluster, inventory, n), through_horovodrun(cluster, n, keys)
+        ratio = f"{hr.to_target / et.to_target:.2f}x" if et.to_target and hr.to_target else "n/a"
+        rows.append(f"N={n}: edgetrain {et}; horovodrun --gloo {hr} (horovodrun started {hr.started:.1f} s after its containers); "
+                    f"edgetrain's time to target {ratio} as fast")
+        print(rows[-1], flush=True)
+    report[f"seed LeNet to {TARGET:.1%}, {conditions}: edgetrain run against horovodrun --gloo"] = "; ".join(rows)
+    assert cluster.leftovers() == {}
