@@ -36,8 +36,10 @@ from .long_run import TimedOutput
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
 SCRIPT = Path(__file__).with_name("seed_lenet.py")
-TARGET = float(os.environ.get("EDGETRAIN_BENCH_TARGET", "0.985"))
-ARGS = ["--epochs", "4", "--stop-at-accuracy", str(TARGET)]
+# 98%: the seed's LeNet crosses it in its first epoch at every N (98.44% at one node, where 98.5%
+# took a second epoch of 280 s): a target an epoch's random start flips would time the flip.
+TARGET = float(os.environ.get("EDGETRAIN_BENCH_TARGET", "0.98"))
+ARGS = ["--epochs", "3", "--stop-at-accuracy", str(TARGET)]
 NAME = "horovodrun-bench"
 TIMEOUT = 3600
 
@@ -48,12 +50,13 @@ class Result:
     from_first_step: float | None  # the same, by the script's clock from its first step
     epochs: int
     rate: float  # the last epoch's training img/s
+    accuracy: list[float]  # each epoch's validation accuracy
     started: float = 0.0  # for horovodrun: seconds from the command to horovodrun's own start
 
     def __str__(self) -> str:
         reached = (f"{TARGET:.1%} in {self.to_target:.1f} s ({self.from_first_step:.1f} s from the first step, {self.epochs} epochs)"
                    if self.to_target is not None else f"{TARGET:.1%} not reached in {self.epochs} epochs")
-        return f"{reached}, {self.rate:.0f} img/s"
+        return f"{reached}, {self.rate:.0f} img/s, validation " + " / ".join(f"{a:.2%}" for a in self.accuracy)
 
 
 def result(said: TimedOutput, start: float) -> Result:
@@ -65,7 +68,8 @@ def result(said: TimedOutput, start: float) -> Result:
             epochs.append((t, json.loads(line[at:])))
     assert epochs, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
     hit = next(((t, e) for t, e in epochs if e["val_accuracy"] >= TARGET), None)
-    return Result(hit and hit[0] - start, hit and hit[1]["seconds_from_first_step"], len(epochs), epochs[-1][1]["images_per_sec"])
+    return Result(hit and hit[0] - start, hit and hit[1]["seconds_from_first_step"], len(epochs), epochs[-1][1]["images_per_sec"],
+                  [e["val_accuracy"] for _, e in epochs])
 
 
 def through_edgetrain(cluster, inventory: str, n: int) -> Result:
@@ -120,9 +124,11 @@ def through_horovodrun(cluster, n: int, keys: bytes) -> Result:
             while subprocess.run(head + ["ssh", "-o", "BatchMode=yes", node.address, "true"], capture_output=True).returncode:
                 assert time.monotonic() - start < 120, f"sshd on {node.name} did not answer"
                 time.sleep(0.2)
+        # On one host horovodrun needs the loopback interface (it refuses eth0 there).
+        nic = ["--network-interface", "eth0"] if n > 1 else []
         began = time.monotonic()
         proc = subprocess.Popen(head + ["horovodrun", "--gloo", "-np", str(n), "-H", ",".join(f"{x.address}:1" for x in nodes),
-                                        "-p", str(containers.SSH_PORT), "--network-interface", "eth0", "--start-timeout", "120",
+                                        "-p", str(containers.SSH_PORT), *nic, "--start-timeout", "120",
                                         "python", "train.py", "--data", "/data", *ARGS],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         said = TimedOutput(proc)
@@ -145,7 +151,9 @@ def test_a_horovod_script_through_edgetrain_against_horovodrun(cluster, emulated
         cluster.docker(node.name, "run", "--rm", "--network", "none", images.TARGETS["amd64"].tag, "python3", "-c", "import horovod.tensorflow")
     keys, rows = ssh_dir(), []
     for n in range(1, len(nodes) + 1):
-        et, hr = through_edgetrain(cluster, inventory, n), through_horovodrun(cluster, n, keys)
+        et = through_edgetrain(cluster, inventory, n)
+        print(f"N={n}: edgetrain {et}", flush=True)
+        hr = through_horovodrun(cluster, n, keys)
         ratio = f"{hr.to_target / et.to_target:.2f}x" if et.to_target and hr.to_target else "n/a"
         rows.append(f"N={n}: edgetrain {et}; horovodrun --gloo {hr} (horovodrun started {hr.started:.1f} s after its containers); "
                     f"edgetrain's time to target {ratio} as fast")
