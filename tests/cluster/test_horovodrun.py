@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from io import BytesIO
@@ -87,9 +88,8 @@ def through_edgetrain(cluster, inventory: str, n: int) -> Result:
 def ssh_dir() -> bytes:
     """/root/.ssh for every container: one key, accepted by all, and the port horovodrun's ssh uses
     (what Horovod's Docker instructions share between the nodes)."""
-    keys = Path(os.environ.get("TMPDIR", "/tmp")) / f"{NAME}-{os.getpid()}"
-    keys.mkdir(mode=0o700)
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = Path(tmp)
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id_ed25519")], check=True)
         (keys / "authorized_keys").write_bytes((keys / "id_ed25519.pub").read_bytes())
         (keys / "config").write_text(f"Host *\n    Port {containers.SSH_PORT}\n    StrictHostKeyChecking no\n"
@@ -99,10 +99,6 @@ def ssh_dir() -> bytes:
             for f in sorted(keys.iterdir()):
                 tar.add(f, arcname=f.name)
         return buf.getvalue()
-    finally:
-        for f in keys.iterdir():
-            f.unlink()
-        keys.rmdir()
 
 
 def through_horovodrun(cluster, n: int, keys: bytes) -> Result:
