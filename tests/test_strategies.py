@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from edgetrain.controller import inventory, placement
+from edgetrain.controller import blame, inventory, placement
 from edgetrain.shared import strategies
 
 from .test_containers_unit import host
@@ -62,3 +62,16 @@ def test_every_strategy_takes_the_launchers_call():
         strategy.check_tasks(3, 1 if strategy.name == "tf-ps" else None)
         args = strategy.worker_args(plan, 23456, None)
         assert all(isinstance(a, str) for a in args), strategy.name
+
+
+def test_a_rank_pinned_to_a_gpu_its_host_lacks_is_told_why_and_offered_no_resume(monkeypatch):
+    """Two NCCL ranks of the DDP example on a one-GPU host: rank 1's set_device(1) fails so."""
+    import torch
+
+    error = "AcceleratorError: CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    fix = strategies.Torch().advice(error)
+    assert fix == f"one GPU per local rank, and this host has {torch.cuda.device_count()} for 2 local ranks"
+    assert "no more ranks on a host than it has GPUs" in blame.Finding(1, "gpu1", f"{error} - {fix}").instead_of_resume
+    assert "requirements.txt" in blame.Finding(0, "gpu1", "ModuleNotFoundError: No module named 'x'").instead_of_resume
+    assert blame.Finding(1, "gpu1", "RuntimeError: Connection reset by peer").instead_of_resume is None

@@ -9,6 +9,7 @@ the watcher's view of a dead node beats Hydra's, and a rank that only lost a pee
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -17,6 +18,14 @@ from edgetrain.shared import failures, mpi, runs
 from edgetrain.controller import placement
 from edgetrain.controller.inventory import Host
 
+# Failures a resume repeats, each with what to do instead: a module the script imports is missing;
+# a local rank was pinned to a GPU its host does not have.
+UNRESUMABLE = (
+    (re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
+     "add what is missing to a requirements.txt beside the script (or --requirements FILE), then run it again"),
+    (re.compile(r"invalid device ordinal"),
+     "run it again with no more ranks on a host than it has GPUs (a lower --np, or fewer slots for it in the inventory)"),
+)
 TAIL_BYTES = 64 * 1024  # of a rank's log, for its last lines
 LINE_CHARS = 4096  # of a rank's log line, for the line its worker logs when it starts
 
@@ -29,9 +38,10 @@ class Finding:
     log_tail: tuple[str, ...] = ()
 
     @property
-    def resumable(self) -> bool:
-        """Whether a resume could help: not where the environment lacks a module the script imports."""
-        return not (self.error or "").startswith(("ModuleNotFoundError", "ImportError"))
+    def instead_of_resume(self) -> str | None:
+        """What to do where a resume would only repeat the failure, whose cause is then the nodes'
+        environment rather than how far the run got; None where a resume may help."""
+        return next((fix for pattern, fix in UNRESUMABLE if pattern.search(self.error or "")), None)
 
 
 @dataclass(frozen=True)

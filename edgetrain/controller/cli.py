@@ -147,9 +147,8 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
         who = found.error
     else:
         who = f"mpirun exited with {outcome.returncode}"
-    if found and not found.resumable:
-        raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; add what is missing to a "
-                             "requirements.txt beside the script (or --requirements FILE), then run it again")
+    if found and found.instead_of_resume:
+        raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; {found.instead_of_resume}")
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 

@@ -278,6 +278,11 @@ class Torch(Strategy):
     def advice(self, error: str) -> str | None:
         if "hvd.init" in error or "Horovod" in error:
             return "the script is written for Horovod: pass --strategy horovod"
+        if "invalid device ordinal" in error:  # a local rank pinned to a GPU the host does not have
+            import torch
+
+            return (f"one GPU per local rank, and this host has {torch.cuda.device_count()} for "
+                    f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} local ranks")
         return None
 
 
