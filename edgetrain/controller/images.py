@@ -113,7 +113,13 @@ def target_for(host: Host) -> Target:
 
 
 def default_cache_dir() -> Path:
+    # scripts/setup names the same folder (its Horovod wheel goes to prebuilt_horovod's place).
     return Path(os.environ.get("EDGETRAIN_CACHE_DIR") or user_cache_path("edgetrain"))
+
+
+def prebuilt_horovod(cache_dir: Path, tgt: Target) -> Path:
+    """Where scripts/setup keeps the Horovod wheel it compiled, and its key, for a target of the host's architecture."""
+    return cache_dir / "horovod" / tgt.machine
 
 
 def _run(cmd: list[str], what: str, fix: str | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -544,6 +550,10 @@ def build(
         context = Path(tmp)
         _link_tree(wheelhouse.wheels, context / "wheels")
         _link_tree(wheelhouse.project_wheel.parent, context / "project")
+        # The Horovod wheel scripts/setup compiled on this machine: the CPU images' builder takes
+        # it where its key matches the one they print (images/horovod-fit), else compiles its own.
+        prebuilt = prebuilt_horovod(cache_dir, tgt)
+        _link_tree(prebuilt, context / "prebuilt") if prebuilt.is_dir() else (context / "prebuilt").mkdir()
         shutil.copytree(dockerfile.parent, context / "images")
         shutil.copy2(constraints_file(), context / "constraints.txt")
         log(f"building {tag} ({tgt.platform}) from {base_image or 'the Dockerfile default base'}")
