@@ -14,6 +14,7 @@ arguments (docs/images.md).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import io
 import json
@@ -750,28 +751,37 @@ def _send(tag: str, host: Host, held: set[str]) -> int:
 
 
 def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
-    """Ship each docker-runtime node the image of its arch, skipping nodes that already hold it."""
+    """Ship each docker-runtime node the image of its arch, skipping nodes that already hold it.
+
+    Every node is checked before anything is sent, then all are sent to at once: a Pi's ``docker
+    load`` is bound by its SD card more than by the controller's link, so the nodes' loads overlap
+    rather than queue. One node's failure leaves the others' sends to finish."""
     hosts = docker_hosts(inventory)
     if not hosts:
         raise EdgetrainError(f"no host in {inventory.source} uses the docker runtime", "set edgetrain_runtime: docker on the nodes that run containers")
-    shipments = []
     for host in hosts:
-        tag = image_for(host)
-        image_id, arch = _local_image(tag, [host])
+        _, arch = _local_image(image_for(host), [host])
         if arch != target_for(host).docker_arch:
-            raise EdgetrainError(f"image {tag} is {arch} but {host.name} is {host.arch}", "set edgetrain_image for the node to an image of its arch")
-        if _node_image_id(host, tag) == image_id:
-            log(f"{host.name}: {tag} {image_id[7:19]} already present")
-            shipments.append(Shipment(host.name, tag, image_id, loaded=False))
-            continue
-        layers = _inspect(tag)["RootFS"]["Layers"]
-        held = layers_held(layers, _node_layers(host))
-        log(f"{host.name}: sending {tag} {image_id[7:19]}" + (f" ({held} of its {len(layers)} layers already there)" if held else ""))
-        # A layer's content can recur above the shared prefix (an empty one, say): that one is sent.
-        sent = _send(tag, host, set(layers[:held]) - set(layers[held:]))
-        have = _node_image_id(host, tag)
-        if have != image_id:
-            raise EdgetrainError(f"{host.name} holds {tag} as {have}, expected {image_id}", "re-run edgetrain images distribute")
-        log(f"{host.name}: {tag} loaded ({sent / 1e6:,.0f} MB sent), image ID verified")
-        shipments.append(Shipment(host.name, tag, image_id, loaded=True))
-    return shipments
+            raise EdgetrainError(f"image {image_for(host)} is {arch} but {host.name} is {host.arch}", "set edgetrain_image for the node to an image of its arch")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        sending = [pool.submit(_ship, host, log) for host in hosts]
+    # The first node's failure, in inventory order, once every node's send has ended.
+    return [future.result() for future in sending]
+
+
+def _ship(host: Host, log: Log) -> Shipment:
+    tag = image_for(host)
+    image_id, _ = _local_image(tag, [host])
+    if _node_image_id(host, tag) == image_id:
+        log(f"{host.name}: {tag} {image_id[7:19]} already present")
+        return Shipment(host.name, tag, image_id, loaded=False)
+    layers = _inspect(tag)["RootFS"]["Layers"]
+    held = layers_held(layers, _node_layers(host))
+    log(f"{host.name}: sending {tag} {image_id[7:19]}" + (f" ({held} of its {len(layers)} layers already there)" if held else ""))
+    # A layer's content can recur above the shared prefix (an empty one, say): that one is sent.
+    sent = _send(tag, host, set(layers[:held]) - set(layers[held:]))
+    have = _node_image_id(host, tag)
+    if have != image_id:
+        raise EdgetrainError(f"{host.name} holds {tag} as {have}, expected {image_id}", "re-run edgetrain images distribute")
+    log(f"{host.name}: {tag} loaded ({sent / 1e6:,.0f} MB sent), image ID verified")
+    return Shipment(host.name, tag, image_id, loaded=True)
