@@ -3,6 +3,7 @@ in a terminal: what the fault tests and the restart benchmark cut, kill and time
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -55,6 +56,26 @@ class TimedOutput:
     def console(self, since: float) -> str:
         """Every line with the seconds it came after ``since``."""
         return "".join(f"{t - since:7.1f} {line}" for t, line in self.timed)
+
+
+def completed(cluster: Cluster, *args: str, timeout: float = 3600) -> tuple[TimedOutput, float]:
+    """``edgetrain run ARGS`` to its end, which must be success: its output, every line timed, and
+    the monotonic time it was started (what the benches time from)."""
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env={**os.environ, **cluster.env})
+    said = TimedOutput(proc)
+    proc.wait(timeout=timeout)
+    said.caught_up()
+    assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    return said, start
+
+
+def epoch_lines(said: TimedOutput) -> list[tuple[float, dict]]:
+    """A script's ``{"event": "epoch", ...}`` lines with the time each came (after any prefix a launcher adds)."""
+    epochs = [(t, json.loads(line[line.find('{"event": "epoch"'):])) for t, line in list(said.timed) if '{"event": "epoch"' in line]
+    assert epochs, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    return epochs
 
 
 class LongRun(TimedOutput):

@@ -16,10 +16,8 @@ under the optimistic bracket, or with EDGETRAIN_TESTBED_BRACKET=pessimistic the 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -30,9 +28,8 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import containers, images
-from tests.conftest import ROOT
 
-from .long_run import TimedOutput
+from .long_run import TimedOutput, completed, epoch_lines
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
@@ -62,27 +59,15 @@ class Result:
 
 def result(said: TimedOutput, start: float) -> Result:
     """What rank 0's epoch lines say, each at the time it came (horovodrun prefixes them with its rank)."""
-    epochs = []
-    for t, line in list(said.timed):
-        at = line.find('{"event": "epoch"')
-        if at >= 0:
-            epochs.append((t, json.loads(line[at:])))
-    assert epochs, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+    epochs = epoch_lines(said)
     hit = next(((t, e) for t, e in epochs if e["val_accuracy"] >= TARGET), None)
     return Result(hit and hit[0] - start, hit and hit[1]["seconds_from_first_step"], len(epochs), epochs[-1][1]["images_per_sec"],
                   [e["val_accuracy"] for _, e in epochs])
 
 
 def through_edgetrain(cluster, inventory: str, n: int) -> Result:
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", str(SCRIPT), "--np", str(n), "-i", inventory,
-                             "--dataset", "mnist", "--hang-timeout", "3600", "--", *ARGS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **cluster.env})
-    said = TimedOutput(proc)
-    proc.wait(timeout=TIMEOUT)
-    said.caught_up()
-    assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
-    return result(said, start)
+    return result(*completed(cluster, str(SCRIPT), "--np", str(n), "-i", inventory, "--dataset", "mnist", "--hang-timeout", "3600",
+                             "--", *ARGS, timeout=TIMEOUT))
 
 
 def ssh_dir() -> bytes:

@@ -15,19 +15,13 @@ other bracket (docs/scaling.md).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-
-from .long_run import TimedOutput
+from .long_run import completed, epoch_lines
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
@@ -51,16 +45,9 @@ class Result:
 
 
 def run(cluster, inventory: str, *how: str) -> Result:
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", str(SCRIPT), *how, "-i", inventory, "--dataset", "fashion-mnist",
-                             "--hang-timeout", "900", "--", *ARGS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **cluster.env})
-    said = TimedOutput(proc)
-    proc.wait(timeout=TIMEOUT)
-    said.caught_up()
-    assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
-    epochs = [(t, json.loads(line[line.find("{"):])) for t, line in list(said.timed) if '{"event": "epoch"' in line]
-    assert epochs, "".join(said.out)[-3000:]
+    said, start = completed(cluster, str(SCRIPT), *how, "-i", inventory, "--dataset", "fashion-mnist", "--hang-timeout", "900",
+                            "--", *ARGS, timeout=TIMEOUT)
+    epochs = epoch_lines(said)
     hit = next((t for t, e in epochs if e["test_accuracy"] >= TARGET), None)
     return Result(hit and hit - start, len(epochs), epochs[-1][1]["images_per_sec"], [e["test_accuracy"] for _, e in epochs])
 
