@@ -554,7 +554,10 @@ def build(
         # The Horovod wheel scripts/setup compiled on this machine: the CPU images' builder takes
         # it where its key matches the one they print (images/horovod-fit), else compiles its own.
         prebuilt = prebuilt_horovod(cache_dir, tgt)
-        _link_tree(prebuilt, context / "prebuilt") if prebuilt.is_dir() else (context / "prebuilt").mkdir()
+        if prebuilt.is_dir():
+            _link_tree(prebuilt, context / "prebuilt")
+        else:
+            (context / "prebuilt").mkdir()
         shutil.copytree(dockerfile.parent, context / "images")
         shutil.copy2(constraints_file(), context / "constraints.txt")
         log(f"building {tag} ({tgt.platform}) from {base_image or 'the Dockerfile default base'}")
