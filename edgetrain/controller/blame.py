@@ -23,7 +23,7 @@ from edgetrain.controller.inventory import Host
 UNRESUMABLE = (
     (re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
      "add what is missing to a requirements.txt beside the script (or --requirements FILE), then run it again"),
-    (re.compile(r"invalid device ordinal"),
+    (re.compile(re.escape(failures.NO_SUCH_GPU)),
      "run it again with no more ranks on a host than it has GPUs (a lower --np, or fewer slots for it in the inventory)"),
 )
 TAIL_BYTES = 64 * 1024  # of a rank's log, for its last lines

@@ -24,6 +24,10 @@ LOST_PEER = re.compile(r"(?:Read|Write|Connect) error \[([0-9a-fA-F.:]+)\]:\d+: 
                        r"|Connection (?:reset|closed) by peer|Horovod has been shut down[^\n]*")
 
 
+# CUDA's words when a rank is pinned to a GPU its host does not have (torch's set_device).
+NO_SUCH_GPU = "invalid device ordinal"
+
+
 class Kind(str, enum.Enum):
     EXCEPTION = "exception"  # the program raised
     EXIT = "exit"  # the program exited with a non-zero status

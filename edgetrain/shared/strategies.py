@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from edgetrain.shared.errors import UsageError
+from edgetrain.shared import failures
 from edgetrain.shared.failures import Kind
 
 if TYPE_CHECKING:
@@ -278,7 +279,7 @@ class Torch(Strategy):
     def advice(self, error: str) -> str | None:
         if "hvd.init" in error or "Horovod" in error:
             return "the script is written for Horovod: pass --strategy horovod"
-        if "invalid device ordinal" in error:  # a local rank pinned to a GPU the host does not have
+        if failures.NO_SUCH_GPU in error:
             import torch
 
             return (f"one GPU per local rank, and this host has {torch.cuda.device_count()} for "

@@ -3,13 +3,13 @@ asynchronously under TensorFlow's ParameterServerStrategy where TF_CONFIG names 
 
 The model is the built-in fashion job's network, at depth 1 and width 16 by default (about LeNet's
 compute an image, with a twentieth of its parameters, so a parameter server's link is not the first
-limit), on Fashion-MNIST, SGD with momentum. Both ways
-take steps of ``--batch`` images on each worker at the same learning rate per image: Horovod
-averages ``size`` workers' gradients, so its rate is ``--lr`` times ``size`` (as Horovod's examples
-scale it); a parameter server applies each worker's gradient as it comes, at ``--lr``. An epoch is
-``--images`` images, however many workers share them. After each, the chief (rank 0) scores the
-test set and prints ``{"event": "epoch", ...}`` with the test accuracy, the epoch's img/s and the
-seconds since the first step; at ``--target`` the run stops.
+limit), on Fashion-MNIST, SGD with momentum. Both ways take steps of ``--batch`` images on each
+worker at the same learning rate per image: Horovod averages ``size`` workers' gradients, so its
+rate is ``--lr`` times ``size`` (as Horovod's examples scale it); a parameter server applies each
+worker's gradient as it comes, at ``--lr``. An epoch is ``--images`` images, however many workers
+share them. After each, the chief (rank 0) scores the test set and prints ``{"event": "epoch", ...}``
+with the test accuracy, the epoch's img/s and the seconds since the first step; at ``--target`` the
+run stops.
 """
 
 from __future__ import annotations
