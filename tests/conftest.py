@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,22 @@ def build_target(name: str, engine: docker_engine.DockerEngine, cache_dir: Path)
     return result
 
 
+BUILDING: dict[str, Future] = {}
+
+
+def building(name: str, engine: docker_engine.DockerEngine, cache_dir: Path) -> Future:
+    """Target ``name``'s build, started once a session in a thread of its own: a fixture with other
+    work to do (the testbed's converge) starts it early, and the test that needs the image waits."""
+    if name not in BUILDING:
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"build-{name}")
+        BUILDING[name] = pool.submit(build_target, name, engine, cache_dir)
+        pool.shutdown(wait=False)
+    return BUILDING[name]
+
+
 @pytest.fixture(scope="session")
 def amd64_image(engine, cache_dir) -> images.BuildResult:
-    return build_target("amd64", engine, cache_dir)
+    return building("amd64", engine, cache_dir).result()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -6,6 +6,7 @@ removes a testbed left behind by a killed session.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -21,7 +22,7 @@ import yaml
 
 from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
-from tests.conftest import edgetrain
+from tests.conftest import building, edgetrain
 
 from .emulation import PI4_RATES, Emulation, calibrate
 from .playbook import Playbook
@@ -46,10 +47,15 @@ def _missing_prerequisites() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def testbed():
+def testbed(request):
     reason = _missing_prerequisites()
     if reason:
         pytest.skip(reason)
+    # The amd64 image, where a test of the session needs it, builds while the testbed is made and
+    # converged: the two share nothing, and each keeps about one core busy.
+    if any("amd64_image" in item.fixturenames for item in request.session.items):
+        with contextlib.suppress(pytest.skip.Exception):  # no engine here: the tests that need one skip
+            building("amd64", request.getfixturevalue("engine"), request.getfixturevalue("cache_dir"))
     # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
     # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m tests.cluster down ID`).
     bed = Testbed.create(int(os.environ.get("EDGETRAIN_TESTBED_NODES", "3")), shape=True, docker=shutil.which("dockerd") is not None)
