@@ -53,7 +53,7 @@ def testbed(request):
         pytest.skip(reason)
     # The amd64 image, where a test of the session needs it, builds while the testbed is made and
     # converged: the two share nothing, and each keeps about one core busy.
-    if any("amd64_image" in item.fixturenames for item in request.session.items):
+    if any({"amd64_image", "cluster"} & set(item.fixturenames) for item in request.session.items):
         with contextlib.suppress(pytest.skip.Exception):  # no engine here: the tests that need one skip
             building("amd64", request.getfixturevalue("engine"), request.getfixturevalue("cache_dir"))
     # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
@@ -250,7 +250,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_path_factory) -> Cluster:
+def cluster(testbed, converged, playbook, site_vars, engine, tmp_path_factory, request) -> Cluster:
     if not testbed.state.docker:
         pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
     runs = tmp_path_factory.mktemp("cluster-runs")
@@ -259,6 +259,7 @@ def cluster(testbed, converged, playbook, site_vars, amd64_image, engine, tmp_pa
     cluster = Cluster(testbed, "", env, runs)
     inventory = cluster.inventory = cluster.docker_inventory("docker.yml")
     playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
+    request.getfixturevalue("amd64_image")  # built meanwhile (the testbed fixture started it)
     shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
     assert shipped.returncode == 0, shipped.stderr
     return cluster

@@ -93,7 +93,7 @@ def train(args: argparse.Namespace) -> None:
     model = compiled()
     steps = args.steps_per_epoch or len(x) // BATCH
     steps //= hvd.size()
-    model.fit(x, y, batch_size=BATCH, epochs=args.epochs, steps_per_epoch=steps, validation_data=(xt, yt),
+    model.fit(x, y, batch_size=BATCH, epochs=args.epochs, steps_per_epoch=steps, validation_data=(xt[:args.validation_images], yt[:args.validation_images]),
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Measure(steps, args.stop_at_accuracy)],
               verbose=0)
 
@@ -123,6 +123,8 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None, help="a folder holding mnist/ (default: this machine's)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--steps-per-epoch", type=int, default=None, help="global steps an epoch (default: the whole set)")
+    p.add_argument("--validation-images", type=int, default=None,
+                   help="the first N test images validate each epoch (default: all, as the recipe does)")
     p.add_argument("--stop-at-accuracy", type=float, default=None,
                    help="end after the epoch whose validation reaches this (what timing it to a target needs)")
     mode = p.add_mutually_exclusive_group()
