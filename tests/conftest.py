@@ -147,22 +147,17 @@ def build_target(name: str, engine: docker_engine.DockerEngine, cache_dir: Path)
     return result
 
 
-BUILDING: dict[str, Future] = {}
-
-
-def building(name: str, engine: docker_engine.DockerEngine, cache_dir: Path) -> Future:
-    """Target ``name``'s build, started once a session in a thread of its own: a fixture with other
-    work to do (the testbed's converge) starts it early, and the test that needs the image waits."""
-    if name not in BUILDING:
-        pool = ThreadPoolExecutor(1, thread_name_prefix=f"build-{name}")
-        BUILDING[name] = pool.submit(build_target, name, engine, cache_dir)
-        pool.shutdown(wait=False)
-    return BUILDING[name]
+@pytest.fixture(scope="session")
+def amd64_build(engine, cache_dir) -> Iterator[Future]:
+    """The amd64 image's build, in a thread of its own: a fixture with other work to do (the
+    testbed's converge) starts it early, and whatever needs the image waits for it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="build-amd64") as pool:
+        yield pool.submit(build_target, "amd64", engine, cache_dir)
 
 
 @pytest.fixture(scope="session")
-def amd64_image(engine, cache_dir) -> images.BuildResult:
-    return building("amd64", engine, cache_dir).result()
+def amd64_image(amd64_build) -> images.BuildResult:
+    return amd64_build.result()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

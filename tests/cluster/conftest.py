@@ -22,7 +22,7 @@ import yaml
 
 from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
-from tests.conftest import building, edgetrain
+from tests.conftest import edgetrain
 
 from .emulation import PI4_RATES, Emulation, calibrate
 from .playbook import Playbook
@@ -53,9 +53,9 @@ def testbed(request):
         pytest.skip(reason)
     # The amd64 image, where a test of the session needs it, builds while the testbed is made and
     # converged: the two share nothing, and each keeps about one core busy.
-    if any({"amd64_image", "cluster"} & set(item.fixturenames) for item in request.session.items):
+    if any("amd64_build" in item.fixturenames for item in request.session.items):
         with contextlib.suppress(pytest.skip.Exception):  # no engine here: the tests that need one skip
-            building("amd64", request.getfixturevalue("engine"), request.getfixturevalue("cache_dir"))
+            request.getfixturevalue("amd64_build")
     # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
     # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m tests.cluster down ID`).
     bed = Testbed.create(int(os.environ.get("EDGETRAIN_TESTBED_NODES", "3")), shape=True, docker=shutil.which("dockerd") is not None)
@@ -250,7 +250,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(testbed, converged, playbook, site_vars, engine, tmp_path_factory, request) -> Cluster:
+def cluster(testbed, converged, playbook, site_vars, amd64_build, engine, tmp_path_factory) -> Cluster:
     if not testbed.state.docker:
         pytest.skip("dockerd is not installed: the testbed nodes have no Docker engine")
     runs = tmp_path_factory.mktemp("cluster-runs")
@@ -259,7 +259,7 @@ def cluster(testbed, converged, playbook, site_vars, engine, tmp_path_factory, r
     cluster = Cluster(testbed, "", env, runs)
     inventory = cluster.inventory = cluster.docker_inventory("docker.yml")
     playbook.run("playbooks/site.yml", "--tags", "datasets", "-e", f"@{site_vars}", inventory=inventory).check()
-    request.getfixturevalue("amd64_image")  # built meanwhile (the testbed fixture started it)
+    amd64_build.result()  # built meanwhile (the testbed fixture started it)
     shipped = edgetrain("images", "distribute", "-i", inventory, env=env, timeout=1800)
     assert shipped.returncode == 0, shipped.stderr
     return cluster

@@ -366,7 +366,8 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
         s = self.state
-        _stop(*(pid for pid in (s.emulator_pid, *(p for n in s.nodes for p in (n.dockerd_pid, n.sshd_pid))) if pid))
+        daemons = [s.emulator_pid] + [pid for n in s.nodes for pid in (n.dockerd_pid, n.sshd_pid)]
+        _stop(*filter(None, daemons))
         for n in s.nodes:
             if Path(f"/var/run/netns/{n.netns}").exists():
                 # Whatever still runs in our namespace was started inside the node (mpirun
