@@ -124,6 +124,10 @@ def engine() -> Iterator[docker_engine.DockerEngine]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DOCKER_HOST", started.host)
         yield started
+    if keep:
+        # A kept root is a layer cache: the images this session's builds replaced go, so it holds
+        # what the next build can reuse and does not grow run after run.
+        started.docker("image", "prune", "--force", check=False)
     started.stop()
 
 
