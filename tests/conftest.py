@@ -125,9 +125,12 @@ def engine() -> Iterator[docker_engine.DockerEngine]:
         mp.setenv("DOCKER_HOST", started.host)
         yield started
     if keep:
-        # A kept root is a layer cache: the images this session's builds replaced go, so it holds
-        # what the next build can reuse and does not grow run after run.
-        started.docker("image", "prune", "--force", check=False)
+        # A kept root is a layer cache, pruned so it does not grow run after run: the edgetrain
+        # images this session's builds replaced go now. The builder and torch stages' last images
+        # are untagged too, and the next build's cache: they go only once two weeks old (a stage
+        # whose inputs changed leaves its old chain behind).
+        started.docker("image", "prune", "--force", "--filter", "label=org.opencontainers.image.title=edgetrain", check=False)
+        started.docker("image", "prune", "--force", "--filter", "until=336h", check=False)
     started.stop()
 
 
