@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from edgetrain.shared import checkpoints
+from edgetrain.shared import checkpoints, tempdirs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
 
@@ -160,7 +160,8 @@ class Nodes:
     """Runs commands on inventory hosts; local hosts run them directly."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="edgetrain-ssh-")
+        # ssh's connection sockets; the directory of a controller killed outright goes with the next one's
+        self._dir = Path(tempdirs.make("ssh"))
         self._used: dict[str, Host] = {}
 
     def argv(self, host: Host, command: list[str]) -> list[str]:
@@ -168,7 +169,7 @@ class Nodes:
             return command
         self._used[host.name] = host
         # %C hashes host, port and user: a short socket path whatever the names.
-        mux = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self._dir.name}/%C", "-o", "ControlPersist=300")
+        mux = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self._dir}/%C", "-o", "ControlPersist=300")
         return [*ssh_command(host, *mux), shlex.join(command)]
 
     def run(self, host: Host, command: list[str], *, input: bytes | str | None = None,
@@ -259,10 +260,10 @@ class Nodes:
 
     def close(self) -> None:
         for host in self._used.values():
-            subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir.name}/%C", "-O", "exit")],
+            subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir}/%C", "-O", "exit")],
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         self._used.clear()
-        self._dir.cleanup()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> Nodes:
         return self

@@ -24,7 +24,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from edgetrain.shared import failures, progress, workdir
+from edgetrain.shared import failures, progress, tempdirs, workdir
 from edgetrain.rank import pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     _say(f"rank {rank}/{size} on {host} (pid {os.getpid()})")
     # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
     # hook removes, and the os._exit below skips those hooks: they go in a directory of our own.
-    scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"edgetrain-rank{rank}-")
+    scratch = tempfile.tempdir = tempdirs.make(f"rank{rank}")
     code = 1
     try:
         code = _run(args, rank, size, host, console, events)
