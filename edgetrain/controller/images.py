@@ -202,23 +202,21 @@ def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement
     return reqs
 
 
-def image_requirements(project_wheel: Path, tgt: Target) -> list[str]:
+def image_requirements(project_wheel: Path, tgt: Target) -> list[Requirement]:
     """What edgetrain needs in a rank (its "train" extra) on the target, but TensorFlow, which the
     target picks (CPU, aarch64 or CUDA). An image installs these before edgetrain itself, which
     comes last, in a layer of its own: a new edgetrain then rebuilds, and travels to the nodes, as
     that layer alone."""
-    reqs = []
-    for req in wheel_requirements(project_wheel, "train", tgt):
-        if not req.name.lower().startswith("tensorflow"):
-            req.marker = None
-            reqs.append(str(req))
-    return sorted(reqs)
+    reqs = [req for req in wheel_requirements(project_wheel, "train", tgt) if not req.name.lower().startswith("tensorflow")]
+    for req in reqs:
+        req.marker = None
+    return sorted(reqs, key=str)
 
 
 def wheelhouse_requirements(project_wheel: Path, tgt: Target) -> tuple[list[str], list[str]]:
     """(binary requirements, source-only requirements) for a target's wheelhouse."""
     binary = [*tgt.tensorflow, *tgt.torch, *BUILD_REQUIREMENTS]
-    binary += [r for r in image_requirements(project_wheel, tgt) if Requirement(r).name.lower() not in BUILT_FROM_SOURCE]
+    binary += [str(r) for r in image_requirements(project_wheel, tgt) if r.name.lower() not in BUILT_FROM_SOURCE]
     return sorted(set(binary)), list(BUILT_FROM_SOURCE)
 
 
@@ -558,7 +556,7 @@ def build(
         context = Path(tmp)
         _link_tree(wheelhouse.wheels, context / "wheels")
         _link_tree(wheelhouse.project_wheel.parent, context / "project")
-        (context / "edgetrain-requires.txt").write_text("\n".join(image_requirements(wheelhouse.project_wheel, tgt)) + "\n")
+        (context / "edgetrain-requires.txt").write_text("".join(f"{r}\n" for r in image_requirements(wheelhouse.project_wheel, tgt)))
         # The Horovod wheel scripts/setup compiled on this machine: the CPU images' builder takes
         # it where its key matches the one they print (images/horovod-fit), else compiles its own.
         prebuilt = prebuilt_horovod(cache_dir, tgt)
