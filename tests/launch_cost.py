@@ -1,7 +1,7 @@
 """Benchmarks of what edgetrain's launch costs.
 
 ``python -m tests.launch_cost -i INVENTORY``: for each --np, ``edgetrain run`` of a built-in job
-(preflight, containers, MPI probe, training) timed from the call to the first training step, and
+(preflight, containers, training) timed from the call to the first training step, and
 the same job started by a bare ``mpirun`` inside containers that are already up, timed the same
 way. The difference is what edgetrain's checks cost; images/s come from the runs' own metrics.
 

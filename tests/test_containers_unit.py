@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -88,6 +89,20 @@ def test_a_node_hydra_lost_over_ssh_is_named_when_nothing_else_names_it(tmp_path
     found = _blame(tmp_path, plan, out)
     assert (found.rank, found.host, found.error) == (None, "node3", "lost its connection to mpirun")
     assert found.log_tail == tuple(out)
+
+
+def test_a_node_mpiruns_ssh_cannot_reach_is_named_with_ssh_s_reason(tmp_path):
+    """No MPI probe before a run: a node Hydra's ssh cannot connect to is named from ssh's own words
+    (real OpenSSH here, to a loopback port nothing listens on)."""
+    hosts = (host("head", groups=("head", "rpi")), replace(host("node3"), address="127.0.0.1"))
+    plan = placement.plan(Inventory(Path("inv"), hosts), 2)
+    said = subprocess.run(["ssh", "-p", "1", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "127.0.0.1", "true"],
+                          capture_output=True, text=True, timeout=30)
+    assert said.returncode == 255
+    out = [*said.stderr.strip().splitlines(), "[mpiexec@head] HYDU_sock_write (lib/utils/sock.c:250): write error (Bad file descriptor)"]
+    found = _blame(tmp_path, plan, out)
+    assert (found.rank, found.host) == (None, "node3")
+    assert found.error.startswith("mpirun could not reach it over ssh (Connection refused) - check that the nodes reach each other"), found.error
 
 
 def test_the_earliest_failure_record_is_named_not_hydras_view(tmp_path):

@@ -3,13 +3,12 @@ read from a real inventory's placement; and the launcher and the worker that use
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import re
 from pathlib import Path
 
-from edgetrain.controller import blame, inventory, placement
+from edgetrain.controller import blame, images, inventory, placement
 from edgetrain.shared import strategies
 
 from .test_containers_unit import host
@@ -45,14 +44,17 @@ def test_the_launcher_and_the_worker_compare_no_strategy_names():
         assert not re.search(rf"(==|!=|\bin)\s*\(?[\"']({names})[\"']|[\"']({names})[\"']\s*(==|!=)", text), module
 
 
-def test_what_each_strategy_needs_is_what_the_image_probe_reports():
-    """The docker runtime checks a strategy's ``needs`` against the probe's report of every rank,
-    the host runtime with importlib: a name only one of them knows would refuse every run."""
-    probe = ast.parse((ROOT / "edgetrain" / "rank" / "probe.py").read_text())
-    reported = {key.value for node in ast.walk(probe) if isinstance(node, ast.Dict)
-                for key in node.keys if isinstance(key, ast.Constant)}
+def test_what_each_strategy_needs_is_what_every_image_labels():
+    """The docker runtime checks a strategy's ``needs`` against each node's image labels, the host
+    runtime with importlib: a name only one of them knows would refuse every run."""
+    for dockerfile in ("Dockerfile.arm64", "Dockerfile.cuda"):
+        text = (ROOT / "images" / dockerfile).read_text()
+        for name in images.LABELLED_PACKAGES:
+            assert f'{images.PACKAGE_LABEL.format(name)}="${{' in text, (dockerfile, name)
     for s in strategies.STRATEGIES.values():
-        assert s.needs in reported and importlib.util.find_spec(s.needs) is not None, s.name
+        assert s.needs in images.LABELLED_PACKAGES and importlib.util.find_spec(s.needs) is not None, s.name
+    labels = {images.PACKAGE_LABEL.format("horovod"): "0.28.1", images.PACKAGE_LABEL.format("torch"): "", "other": "1"}
+    assert images.packages(labels) == {"horovod": "0.28.1"}  # an empty label: built without it
 
 
 def test_every_strategy_takes_the_launchers_call():

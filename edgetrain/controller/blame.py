@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from edgetrain.shared import failures, mpi, runs
-from edgetrain.controller import placement
+from edgetrain.controller import containers, placement
 from edgetrain.controller.inventory import Host
 
 # Failures a resume repeats, each with what to do instead: a module the script imports is missing;
@@ -172,6 +172,15 @@ def hydra_lost_a_node(o: Observed) -> Finding | None:
     return Finding(None, getattr(o.host_of(lost), "name", lost), "lost its connection to mpirun", o.output_tail())
 
 
+def hydra_could_not_reach_a_node(o: Observed) -> Finding | None:
+    unreached = mpi.unreached("\n".join(o.output))
+    if unreached is None:
+        return None
+    address, reason = unreached
+    return Finding(None, getattr(o.host_of(address), "name", address),
+                   f"mpirun could not reach it over ssh ({reason}) - {containers.REACH_FIX} (edgetrain doctor -i INVENTORY probes it)", o.output_tail())
+
+
 def the_first_record(o: Observed) -> Finding | None:
     return o.of_rank(o.records[0], o.records[0].headline) if o.records else None
 
@@ -183,6 +192,7 @@ RULES: tuple[Callable[[Observed], Finding | None], ...] = (
     the_peer_a_rank_lost,
     hydra_names_a_process,
     hydra_lost_a_node,
+    hydra_could_not_reach_a_node,
     the_first_record,
 )
 

@@ -114,9 +114,8 @@ def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
         for shipped in started.runtime.shipped:
             console.print(f"{shipped.host}: working directory {len(started.manifest.entries)} files, "
                           f"{shipped.files} shipped ({shipped.bytes / 1024:,.0f} KiB) in {shipped.seconds:.1f} s")
-    if started.runtime.probe_seconds is not None:
-        console.print(f"preflight ok on {', '.join(h.name for h in started.placement.hosts)}; "
-                      f"MPI probe over {started.placement.np} ranks in {started.runtime.probe_seconds:.1f} s")
+    if started.runtime.has_nodes:
+        console.print(f"preflight ok on {', '.join(h.name for h in started.placement.hosts)}")
     with ConsoleProgress(console) as bar:
         outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
     for problem in outcome.cleanup_errors:

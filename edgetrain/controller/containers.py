@@ -33,6 +33,7 @@ from edgetrain.controller.remote import SSH_TIMEOUT, UNREACHABLE, Nodes, tar_byt
 from edgetrain.shared.runs import RUN_AS
 
 SSH_PORT = 12345
+REACH_FIX = f"check that the nodes reach each other on the cluster interface (edgetrain_iface) and port {SSH_PORT}"
 PYTHON = "/opt/edgetrain/bin/python"  # the image's virtualenv
 RUN_MOUNT = "/edgetrain/run"
 DATA_MOUNT = "/edgetrain/data"

@@ -55,6 +55,10 @@ BUILT_FROM_SOURCE = ("horovod",)
 # What the builder stage needs to compile Horovod, besides TensorFlow.
 BUILD_REQUIREMENTS = ("cmake", "packaging", "psutil", "pyyaml", "cloudpickle", "wheel", "setuptools")
 BASE_SHA_LABEL = "org.edgetrain.base.rootfs-sha256"
+# Each image labels what its build-time check proved it holds (images/Dockerfile.*): what preflight
+# knows of a node's image without starting it.
+PACKAGE_LABEL = "org.edgetrain.{}.version"
+LABELLED_PACKAGES = ("tensorflow", "horovod", "mpich", "torch")
 
 Log = Callable[[str], None]
 
@@ -301,6 +305,11 @@ def image_labels(ref: str) -> dict[str, str] | None:
     """The labels of an image in this machine's engine (empty when it has none); None without it."""
     found = _inspect(ref)
     return None if found is None else dict((found.get("Config") or {}).get("Labels") or {})
+
+
+def packages(labels: dict[str, str]) -> dict[str, str]:
+    """Package -> version for each package an image's labels say it holds (an empty label: built without it)."""
+    return {name: version for name in LABELLED_PACKAGES if (version := labels.get(PACKAGE_LABEL.format(name)))}
 
 
 def local_image_id(ref: str) -> str | None:

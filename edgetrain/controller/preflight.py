@@ -1,5 +1,5 @@
-"""Node preflight: every check a run needs on every node of its placement, then an MPI probe
-across the run's containers. ``edgetrain doctor -i`` shows the same checks as a table."""
+"""Node preflight: every check a run needs on every node of its placement; ``edgetrain doctor -i``
+shows the same checks as a table, then an MPI probe across throwaway containers."""
 
 from __future__ import annotations
 
@@ -92,6 +92,7 @@ class NodeReport:
     checks: list[Check] = field(default_factory=list)
     runs_dir: str | None = None  # the node's runs directory, absolute
     image_id: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)  # what the node's image holds, from its labels
     data_formats: dict[str, str] = field(default_factory=dict)  # dataset -> format found on the node
     skew: Skew | None = None  # its clock against this machine's
 
@@ -159,10 +160,11 @@ class _NodeChecks:
 
     def image(self) -> str:
         host, tag = self.host, images.image_for(self.host)
-        proc = self.nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}}", tag])
+        proc = self.nodes.run(host, ["docker", "image", "inspect", "--format", "{{.Id}} {{.Architecture}} {{json .Config.Labels}}", tag])
         if proc.returncode != 0:
             raise EdgetrainError(f"{host.name} has no image {tag}", "edgetrain images distribute -i INVENTORY")
-        self.rep.image_id, arch = proc.stdout.split()
+        self.rep.image_id, arch, labels = proc.stdout.split(maxsplit=2)
+        self.rep.packages = images.packages(json.loads(labels) or {})
         want = images.target_for(host).docker_arch
         if arch != want:
             raise EdgetrainError(f"{tag} on {host.name} is {arch}, the node is {want}", "set edgetrain_image to an image of its arch")
@@ -220,12 +222,11 @@ class ProbeReport:
     seconds: float
 
 
-PROBE_FIX = "check that the nodes reach each other on the cluster interface (edgetrain_iface) and port 12345"
 
 
 def _probe_once(running: containers.Containers, timeout: float) -> dict:
     proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.rank.probe"]), capture_output=True, text=True, timeout=timeout)
-    return probe_report(proc, f"the MPI probe across {running.plan.np} ranks failed", PROBE_FIX)
+    return probe_report(proc, f"the MPI probe across {running.plan.np} ranks failed", containers.REACH_FIX)
 
 
 def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) -> ProbeReport:
@@ -236,7 +237,7 @@ def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) ->
     try:
         report = _probe_once(running, timeout)
     except subprocess.TimeoutExpired:
-        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s", PROBE_FIX) from None
+        raise EdgetrainError(f"the MPI probe across {running.plan.np} ranks did not finish within {timeout:.0f} s", containers.REACH_FIX) from None
     if not report["allreduce_ok"]:
         raise EdgetrainError(f"the MPI probe's allreduce over {report['size']} ranks gave a wrong sum")
     keys = ("tensorflow", "horovod", "mpi")

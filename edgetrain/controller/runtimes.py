@@ -63,9 +63,7 @@ class Runtime:
     versions: dict = field(default_factory=dict)
     log: Callable[[str], None] = print
     shipped: list[shipping.Shipped] = field(default_factory=list)
-    probe_seconds: float | None = None
     mpirun_process: subprocess.Popen | None = None  # once attached
-    needs: str = "horovod"  # what every rank imports for the run's strategy
 
     @classmethod
     def checked(cls, plan: Placement, inventory: Inventory, program: Program, *, data_dir: Path | None = None,
@@ -79,7 +77,7 @@ class Runtime:
         except BaseException:
             nodes.close()
             raise
-        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, needs=needs, **found)
+        return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, **found)
 
     @staticmethod
     def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
@@ -257,6 +255,10 @@ class DockerRuntime(Runtime):
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
         preflight.require(reports)
+        lacking = [r.host.name for r in reports if needs not in r.packages]
+        if lacking:
+            raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {needs}, which the run's strategy needs",
+                                 "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
         for line in preflight.skewed(reports):
             log(line)
         if program.requirements is not None:
@@ -267,7 +269,7 @@ class DockerRuntime(Runtime):
                 if missing:
                     raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
                                          f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))
-        return {"reports": reports}
+        return {"reports": reports, "versions": reports[0].packages}
 
     def node_run_dirs(self, run: runs.Run) -> dict[str, str]:
         return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}
@@ -284,14 +286,6 @@ class DockerRuntime(Runtime):
     def start(self, run: runs.Run) -> None:
         self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
         self.containers.start()
-        probed = preflight.probe(self.nodes, self.containers)
-        lacking = sorted({r["host"] for r in probed.ranks if not r.get(self.needs)})
-        if lacking:
-            raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {self.needs}, which the run's strategy needs",
-                                 "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
-        r0 = probed.ranks[0]
-        self.versions = {"mpich": r0["mpi"], **{k: r0.get(k) for k in ("tensorflow", "horovod", "torch") if r0.get(k)}}
-        self.probe_seconds = probed.seconds
 
     def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
         assert self.containers is not None

@@ -13,6 +13,8 @@ BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)")
 EXIT_CODE = re.compile(r"EXIT CODE: (\d+)")
 # Hydra's ssh to a node that went away (container gone, or no answer to keepalives).
 SSH_LOST = re.compile(r"Connection to (\S+) closed by remote host|Timeout, server (\S+) not responding")
+# Hydra's ssh to a node it could not reach at all (nothing listening, no route, a firewall).
+SSH_UNREACHED = re.compile(r"ssh: connect to host (\S+) port \d+: (.+)")
 
 
 def mpirun_path() -> str:
@@ -53,3 +55,9 @@ def lost_node(output: str) -> str | None:
     """The address of a node whose ssh connection Hydra reports lost."""
     m = SSH_LOST.search(output)
     return (m.group(1) or m.group(2)) if m else None
+
+
+def unreached(output: str) -> tuple[str, str] | None:
+    """(address, ssh's reason) of a node Hydra's ssh could not connect to."""
+    m = SSH_UNREACHED.search(output)
+    return (m.group(1), m.group(2).strip()) if m else None

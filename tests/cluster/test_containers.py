@@ -57,6 +57,9 @@ def test_run_trains_across_the_nodes_in_containers(cluster, trained):
     assert info["status"] == "completed"
     assert info["placement"]["runtime"] == "docker"
     assert [(h["host"], h["ranks"]) for h in info["placement"]["hosts"]] == [("node1", 2), ("node2", 1), ("node3", 1)]
+    # What the image's labels say it holds (its build-time check proved them): the run's versions.
+    assert info["versions"]["mpich"] == "4.0.2" and info["versions"]["horovod"] == "0.28.1", info["versions"]
+    assert info["versions"]["tensorflow"].startswith("2.15.") and info["versions"]["torch"], info["versions"]
     # Every rank's log came home, and each rank ran on the node the placement says.
     where = {}
     for rank in range(4):
