@@ -149,8 +149,7 @@ class SeedMeter:
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
+            standin.stop([self.proc])
         self._stack.close()
 
     def _next_event(self) -> dict:

@@ -19,13 +19,23 @@ runs while it has no training of its own (see standin.py).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from edgetrain.shared import tempdirs
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's autograph writes files to the temp directory that only an atexit hook removes, and
+# the testbed ends stand-ins and calibrations with SIGKILL: they go in a directory of this process's
+# own, which whoever kills it removes (standin.stop).
+tempfile.tempdir = tempdirs.make("seed")
+atexit.register(shutil.rmtree, tempfile.tempdir, True)
 
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402

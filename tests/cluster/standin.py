@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .cpugroup import CpuGroup
@@ -50,11 +52,14 @@ def start(group: CpuGroup, python: str = sys.executable) -> subprocess.Popen:
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
+    """Kill seed processes and remove the temp directories they could not (seed_lenet.py)."""
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
             p.kill()  # SIGKILL also ends a stopped process
     for p in procs:
         p.wait()
+        for left in Path(tempfile.gettempdir()).glob(f"edgetrain-seed-pid{p.pid}-*"):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _trains(pid: int) -> bool:

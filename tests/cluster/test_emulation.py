@@ -8,6 +8,7 @@ import json
 import shlex
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -103,6 +104,10 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
             done.set()
             thread.join(timeout=120)
             watcher.join(timeout=10)
+        # TensorFlow's autograph files go in the calibration's own temp directory, not /tmp ...
+        scratch = list(Path(tempfile.gettempdir()).glob(f"edgetrain-seed-pid{meter.proc.pid}-*"))
+        assert len(scratch) == 1 and any(scratch[0].glob("__autograph_generated_file*")), scratch
+    assert not scratch[0].exists(), "... which goes when the process is killed"
     epochs = [json.loads(line) for line in out.splitlines() if line.startswith('{"event": "epoch"')]
     assert len(epochs) == 3, out[-2000:]
     assert len(reference) >= 3, reference
