@@ -105,6 +105,24 @@ def test_a_node_mpiruns_ssh_cannot_reach_is_named_with_ssh_s_reason(tmp_path):
     assert found.error.startswith("mpirun could not reach it over ssh (Connection refused) - check that the nodes reach each other"), found.error
 
 
+def test_preflight_refuses_an_image_without_what_the_strategy_needs_then_images_that_disagree():
+    """What each node's image holds comes from its labels (preflight reads them with docker image
+    inspect); a run starts only where every image holds what its strategy needs, at one version."""
+    built = {"tensorflow": "2.15.1", "horovod": "0.28.1", "mpich": "4.0.2", "torch": "1.13.1"}
+    reports = [preflight.NodeReport(host(f"node{i}"), packages=dict(built)) for i in (1, 2, 3)]
+    preflight.require(reports, "torch")
+    del reports[2].packages["torch"]  # an image built without it: its label empty
+    with pytest.raises(EdgetrainError) as err:
+        preflight.require(reports, "torch")
+    assert str(err.value).startswith("preflight: node3: the image has no torch, which the run's strategy needs")
+    preflight.require(reports[:2], "horovod")
+    reports[1].packages["horovod"] = "0.28.0"
+    with pytest.raises(EdgetrainError) as err:
+        preflight.require(reports[:2], "torch")
+    assert str(err.value).startswith("preflight: the image on node2 has horovod 0.28.0, the one on node1 0.28.1"), err.value
+    assert preflight.SAME_VERSIONS_FIX in str(err.value)
+
+
 def test_the_earliest_failure_record_is_named_not_hydras_view(tmp_path):
     plan = placement.plan(Inventory(Path("inv"), (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))), 3)
     failures.write(tmp_path, 2, "node3", "ValueError: second", None)

@@ -210,10 +210,25 @@ def check_nodes(nodes: Nodes, plan: Placement, wanted: tuple[str, ...], inventor
     return reports
 
 
-def require(reports: list[NodeReport]) -> None:
+SAME_VERSIONS_FIX = "rebuild and distribute the images so every node runs the same versions"
+
+
+def require(reports: list[NodeReport], needs: str) -> None:
+    """Every node passed its checks, its image holds what the run's strategy ``needs``, and the
+    images hold the same versions (all by their labels)."""
     for r in reports:
         if r.failure:
             raise EdgetrainError(f"preflight: {r.host.name}: {r.failure.name}: {r.failure.detail}")
+    lacking = [r.host.name for r in reports if needs not in r.packages]
+    if lacking:
+        raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {needs}, which the run's strategy needs",
+                             "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
+    first = reports[0]
+    for r in reports[1:]:
+        for name in images.LABELLED_PACKAGES:
+            if r.packages.get(name) != first.packages.get(name):
+                raise EdgetrainError(f"preflight: the image on {r.host.name} has {name} {r.packages.get(name) or 'missing'}, "
+                                     f"the one on {first.host.name} {first.packages.get(name) or 'missing'}", SAME_VERSIONS_FIX)
 
 
 @dataclass(frozen=True)
@@ -246,7 +261,7 @@ def probe(nodes: Nodes, running: containers.Containers, timeout: float = 180) ->
         for k in keys:
             if r[k] != ref[k]:
                 raise EdgetrainError(f"rank {r['rank']} on {r['host']} has {k} {r[k]}, rank 0 on {ref['host']} has {ref[k]}",
-                                     "rebuild and distribute the images so every node runs the same versions")
+                                     SAME_VERSIONS_FIX)
     return ProbeReport(report["ranks"], time.monotonic() - start)
 
 

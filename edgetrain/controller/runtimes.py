@@ -254,11 +254,7 @@ class DockerRuntime(Runtime):
     def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
-        preflight.require(reports)
-        lacking = [r.host.name for r in reports if needs not in r.packages]
-        if lacking:
-            raise EdgetrainError(f"preflight: {', '.join(lacking)}: the image has no {needs}, which the run's strategy needs",
-                                 "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
+        preflight.require(reports, needs)
         for line in preflight.skewed(reports):
             log(line)
         if program.requirements is not None:
