@@ -16,6 +16,11 @@ from pathlib import Path
 OWNED = re.compile(r"edgetrain-[a-z0-9]+-pid(\d+)-")
 
 
+def prefix(kind: str, pid: int) -> str:
+    """The start of the name of a directory ``kind`` made by process ``pid``."""
+    return f"edgetrain-{kind}-pid{pid}-"
+
+
 def make(kind: str) -> str:
     """A new ``edgetrain-<kind>-pid<pid>-*`` directory in the temp directory; abandoned ones go first."""
     for old in Path(tempfile.gettempdir()).glob("edgetrain-*-pid*-*"):
@@ -27,4 +32,4 @@ def make(kind: str) -> str:
             shutil.rmtree(old, ignore_errors=True)
         except OSError:
             pass  # alive under another user (EPERM), or gone meanwhile
-    return tempfile.mkdtemp(prefix=f"edgetrain-{kind}-pid{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=prefix(kind, os.getpid()))

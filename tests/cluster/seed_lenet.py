@@ -33,7 +33,7 @@ from edgetrain.shared import tempdirs
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow's autograph writes files to the temp directory that only an atexit hook removes, and
 # the testbed ends stand-ins and calibrations with SIGKILL: they go in a directory of this process's
-# own, which whoever kills it removes (standin.stop).
+# own (of the kind standin.SCRATCH names), which whoever kills it removes (standin.stop).
 tempfile.tempdir = tempdirs.make("seed")
 atexit.register(shutil.rmtree, tempfile.tempdir, True)
 

@@ -24,9 +24,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edgetrain.shared import tempdirs
+
 from .cpugroup import CpuGroup
 
 SEED = Path(__file__).with_name("seed_lenet.py")
+SCRATCH = "seed"  # the kind of temp directory the seed process makes itself (seed_lenet.py)
 ROOT = Path(__file__).resolve().parents[2]
 # What a process that trains has mapped: TensorFlow's framework, or torch's CPU library.
 TRAINING_LIBRARIES = ("/libtensorflow_framework.so", "/libtorch_cpu.so")
@@ -58,7 +61,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.kill()  # SIGKILL also ends a stopped process
     for p in procs:
         p.wait()
-        for left in Path(tempfile.gettempdir()).glob(f"edgetrain-seed-pid{p.pid}-*"):
+        for left in Path(tempfile.gettempdir()).glob(tempdirs.prefix(SCRATCH, p.pid) + "*"):
             shutil.rmtree(left, ignore_errors=True)
 
 

@@ -14,8 +14,11 @@ import time
 
 from pathlib import Path
 
+from edgetrain.shared import tempdirs
+
 from .comm_core import comm_group
 from .emulation import SEED, SeedMeter, measurement_steps
+from .standin import SCRATCH
 from .testbed import _alive
 
 
@@ -105,7 +108,7 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
             thread.join(timeout=120)
             watcher.join(timeout=10)
         # TensorFlow's autograph files go in the calibration's own temp directory, not /tmp ...
-        scratch = list(Path(tempfile.gettempdir()).glob(f"edgetrain-seed-pid{meter.proc.pid}-*"))
+        scratch = list(Path(tempfile.gettempdir()).glob(tempdirs.prefix(SCRATCH, meter.proc.pid) + "*"))
         assert len(scratch) == 1 and any(scratch[0].glob("__autograph_generated_file*")), scratch
     assert not scratch[0].exists(), "... which goes when the process is killed"
     epochs = [json.loads(line) for line in out.splitlines() if line.startswith('{"event": "epoch"')]
