@@ -25,7 +25,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from edgetrain.shared import checkpoints, runs
+from edgetrain.shared import checkpoints, mpi, runs
 from edgetrain.shared.progress import REPORT_S, Events, rank0_events
 
 _restored_epoch = 0
@@ -41,7 +41,7 @@ def rank_and_size() -> tuple[int, int]:
     if hvd is not None and hvd.is_initialized():
         return hvd.rank(), hvd.size()
     if "EDGETRAIN_RANK" in os.environ:
-        return int(os.environ["EDGETRAIN_RANK"]), int(os.environ.get("PMI_SIZE", "1"))
+        return int(os.environ["EDGETRAIN_RANK"]), mpi.rank_and_size()[1]
     config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     if config:
         return int(config["task"]["index"]), len(config["cluster"]["worker"])

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from edgetrain.controller import inventory, placement
+from edgetrain.shared import mpi, strategies
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 CLUSTER = """
@@ -141,3 +142,25 @@ def test_ranks_on_several_cpu_nodes_get_gloo_and_a_cycle_for_its_transport_unles
     assert placement.plan(inventory.load(mpi), 6).rank_env["HOROVOD_CYCLE_TIME"] == str(placement.SLOW_CYCLE_TIME_MS)
     gloo = write(tmp_path, CLUSTER + "    edgetrain_mpi_env: {HOROVOD_CONTROLLER: gloo, HOROVOD_CPU_OPERATIONS: gloo}\n")
     assert placement.plan(inventory.load(gloo), 6).rank_env["HOROVOD_CYCLE_TIME"] == str(placement.GLOO_CYCLE_TIME_MS)
+
+
+def test_a_run_that_can_lose_a_hosts_ranks_starts_one_hydra_job_per_host(tmp_path):
+    """tf-ps, --np 7 --ps 1: pi0 holds the chief, the parameter server and two workers, pi1 four
+    workers; only pi1's job is one the run goes on without. Horovod loses no rank: one job."""
+    plan = placement.plan(inventory.load(write(tmp_path, CLUSTER)), 7)
+    hydra = mpi.Hydra("mpirun", "/m", "eth0", True, {"K": "V"})
+    tf_ps = strategies.named("tf-ps")
+    jobs = plan.host_jobs(hydra, ["python", "-m", "w"], lambda rank: tf_ps.can_lose(rank, 1) is not None)
+    assert [(j.host, j.ranks, j.expendable) for j in jobs] == [("pi0", (0, 1, 2, 3), False), ("pi1", (4, 5, 6), True)]
+    assert jobs[1].argv == ("mpirun", "-hosts", "198.18.0.11:3", "-n", "3", "-iface", "eth0", "-bootstrap", "ssh", "-genv", "K", "V",
+                            "-genv", mpi.RANK_BASE, "4", "-genv", mpi.WORLD_SIZE, "7", "python", "-m", "w")
+    assert [tf_ps.can_lose(r, 1) for r in range(4)] == [None, None, "worker 0", "worker 1"]
+    horovod = strategies.named("horovod")
+    assert plan.host_jobs(hydra, ["w"], lambda rank: horovod.can_lose(rank) is not None) is None
+    assert hydra.argv(7) == ["mpirun", "-f", "/m", "-n", "7", "-iface", "eth0", "-bootstrap", "ssh", "-genv", "K", "V"]
+
+
+def test_a_rank_of_a_host_job_knows_its_place_in_the_run():
+    assert mpi.rank_and_size({"PMI_RANK": "2", "PMI_SIZE": "3", mpi.RANK_BASE: "4", mpi.WORLD_SIZE: "7"}) == (6, 7)
+    assert mpi.rank_and_size({"PMI_RANK": "2", "PMI_SIZE": "3"}) == (2, 3)
+    assert mpi.rank_and_size({}) == (0, 1)

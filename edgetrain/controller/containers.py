@@ -189,6 +189,7 @@ class Containers:
         # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
         # them, their containers end themselves when the lease runs out.
         self.unreachable: set[str] = set()
+        self.lost: set[str] = set()  # nodes the run goes on without: no longer watched
         self._renewing = threading.Event()
 
     def _lease(self, host: Host) -> str:
@@ -263,11 +264,18 @@ class Containers:
         self.nodes.check(self.plan.head, ["docker", "exec", "-i", self.name, "tar", "-x", "-C", "/"],
                          "installing the MPI files", input=bundle)
 
+    @property
+    def hydra(self) -> mpi.Hydra:
+        """mpirun as it starts in the rank-0 container."""
+        return mpi.Hydra("mpirun", MACHINEFILE, self.plan.head.iface, True, self.plan.rank_env)
+
+    def on_head(self, argv: list[str]) -> list[str]:
+        """The local argv that runs ``argv`` in the rank-0 container, output streamed."""
+        return self.nodes.argv(self.plan.head, ["docker", "exec", self.name, *argv])
+
     def mpirun(self, command: list[str]) -> list[str]:
-        """The local argv that runs ``mpirun ... command`` in the rank-0 container, output streamed."""
-        head = self.plan.head
-        argv = mpi.mpirun_argv("mpirun", MACHINEFILE, self.plan.np, head.iface, self.plan.rank_env, ssh=True)
-        return self.nodes.argv(head, ["docker", "exec", self.name, *argv, *command])
+        """The local argv that runs ``mpirun ... command`` over the placement in the rank-0 container."""
+        return self.on_head([*self.hydra.argv(self.plan.np), *command])
 
     def states(self) -> list[NodeState]:
         def one(host: Host) -> NodeState:
@@ -296,7 +304,7 @@ class Containers:
             if running == "true":
                 return NodeState(host, True, "")
             return NodeState(host, False, "container ran out of memory" if oom == "true" else f"container exited with status {code}")
-        return self._each(one)
+        return self._each(one, [h for h in self.plan.hosts if h.name not in self.lost])
 
     def _unreachable(self, host: Host, err: str) -> NodeState:
         """The shared connection to a node failed (its keepalives went unanswered for ssh's

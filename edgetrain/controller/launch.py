@@ -79,6 +79,18 @@ class Launch:
     started: float = field(default_factory=time.monotonic)
 
     @property
+    def losable(self) -> dict[str, str]:
+        """The hosts this run goes on without, each with what it loses there: those whose ranks its
+        strategy can all lose, rank 0's host never."""
+        strategy, found = STRATEGIES[self.request.strategy], {}
+        for host in self.placement.hosts[1:]:
+            ranks = self.placement.ranks_on(host)
+            lost = [strategy.can_lose(r, self.request.ps) for r in ranks]
+            if all(lost):
+                found[host.name] = f"{', '.join(map(str, lost))} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+        return found
+
+    @property
     def resume_command(self) -> str:
         """The command that continues this run: the user's own, with ``--resume RUN``."""
         return _with_resume(self.request.command, self.run.id)
@@ -311,7 +323,8 @@ def prepare(req: RunRequest) -> Launch:
         except EdgetrainError as exc:
             run.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
-        launch = Launch(req, program, plan, rt, run, rt.mpirun(run, worker), manifest, resumed_epoch, lock, token, started)
+        argv = rt.mpirun(run, worker, lambda rank: strategy.can_lose(rank, req.ps) is not None, token)
+        launch = Launch(req, program, plan, rt, run, argv, manifest, resumed_epoch, lock, token, started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
@@ -403,6 +416,8 @@ class _Watch(threading.Thread):
         self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
         self.back: inventory.Host | None = None
         self.near_misses: dict[str, int] = {}  # per node: its shared connection failed, a new one answered
+        self.went_on_without: dict[str, str] = {}  # nodes lost that the run carries on without -> how
+        self.losing = threading.Lock()  # the watcher and the stream's "lost" events both say so
         self.rounds = 0  # looks completed, each announced on ``looked``
         self.looked = threading.Condition()
         self.hurry = threading.Event()  # set: look again at once, not after the interval
@@ -417,6 +432,15 @@ class _Watch(threading.Thread):
             # Said at once: ending the attempt (and any restart) takes a while.
             self.launch.request.log(f"edgetrain: {host.name}: {why}; ending this attempt")
         self.launch.runtime.stop()
+
+    def go_on_without(self, name: str, why: str) -> None:
+        """A node the run can lose was lost: said once, no longer watched, recorded with the attempt."""
+        with self.losing:
+            if name in self.went_on_without:
+                return
+            self.went_on_without[name] = why
+        self.launch.runtime.lose(next(h for h in self.launch.placement.hosts if h.name == name))
+        self.launch.request.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
 
     def run(self) -> None:
         while True:
@@ -456,7 +480,11 @@ class _Watch(threading.Thread):
                 self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
                 self.launch.request.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
                                         f"({self.near_misses[st.host.name]} time(s) this attempt)")
-        dead = next((st for st in states if not st.alive), None)
+        losable = self.launch.losable
+        for st in states:
+            if not st.alive and st.host.name in losable:
+                self.go_on_without(st.host.name, st.detail)
+        dead = next((st for st in states if not st.alive and st.host.name not in losable), None)
         if dead is not None:
             self._fail(dead.host, dead.detail)
             return True
@@ -584,6 +612,8 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
         seen.last = event
     elif kind == "finished":
         seen.finished = True
+    elif kind == "lost" and event["host"] in launch.losable:
+        watch.go_on_without(event["host"], event["why"])
     elif kind == "failed":
         seen.reported.append(failures.from_event(event))
         watch.rank_failed = watch.rank_failed or time.monotonic()
@@ -642,6 +672,7 @@ def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, 
         attempts = launch.run.record().attempts
         if attempts:
             attempts[-1].first_step_s = round(seen.first_step, 1) if seen.first_step is not None else None
+            attempts[-1].went_on_without = dict(watch.went_on_without)
         launch.run.update(status=state, ended=record.now(), returncode=proc.returncode, attempts=attempts)
     except EdgetrainError as exc:
         seen.record_error = seen.record_error or exc

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edgetrain.shared import strategies
+from edgetrain.shared import mpi, strategies
 from edgetrain.shared.errors import EdgetrainError, UsageError
 from edgetrain.controller.inventory import DEVICE_GROUPS, Host, Inventory
 
@@ -74,6 +75,18 @@ class Placement:
     def machinefile(self) -> str:
         """MPICH Hydra's ``host:count`` lines; with ``-n`` equal to their sum, ranks fill hosts in order."""
         return "".join(f"{h.address}:{n}\n" for h, n in self.ranks)
+
+    def host_jobs(self, hydra: mpi.Hydra, command: list[str], expendable: Callable[[int], bool]) -> list[mpi.HostJob] | None:
+        """One Hydra job per host, rank 0's first, where the ranks of some host other than rank 0's
+        are all ``expendable`` (the run goes on without them); None where losing any host ends the
+        run, which one job over the machinefile does."""
+        jobs = []
+        for host, n in self.ranks:
+            ranks = tuple(self.ranks_on(host))
+            env = {mpi.RANK_BASE: str(ranks[0]), mpi.WORLD_SIZE: str(self.np)}
+            jobs.append(mpi.HostJob(host.name, ranks, host.name != self.head.name and all(map(expendable, ranks)),
+                                    (*hydra.argv(n, [f"{host.address}:{n}"], env), *command)))
+        return jobs if any(j.expendable for j in jobs) else None
 
     def describe(self) -> list[dict]:
         return [{"host": h.name, "address": h.address, "arch": h.arch, "slots": h.slots, "ranks": n} for h, n in self.ranks]

@@ -136,8 +136,27 @@ class Runtime:
     def start(self, run: runs.Run) -> None:
         """Start what the ranks run in (nothing on the host runtime)."""
 
-    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+    def hydra(self, run: runs.Run) -> mpi.Hydra:
+        """mpirun as it starts where rank 0 runs."""
         raise NotImplementedError
+
+    def on_head(self, argv: list[str]) -> list[str]:
+        """The local argv that runs ``argv`` where rank 0 runs, its output streamed."""
+        return argv
+
+    def mpirun(self, run: runs.Run, worker: list[str], expendable: Callable[[int], bool] = lambda rank: False,
+               token: str = "") -> list[str]:
+        """The local argv that starts ``worker`` on every rank: one ``mpirun`` over the placement,
+        or, where the run goes on without some host's ranks (``expendable``), one per host under
+        edgetrain.rank.hostjobs, whose lost-job events carry ``token``."""
+        hydra = self.hydra(run)
+        jobs = self.plan.host_jobs(hydra, worker, expendable)
+        if jobs is None:
+            return self.on_head([*hydra.argv(self.plan.np), *worker])
+        return self.on_head([self.python, "-m", "edgetrain.rank.hostjobs", "--events-token", token, mpi.encode_jobs(jobs)])
+
+    def lose(self, host: Host) -> None:
+        """The run goes on without ``host``: it is no longer watched."""
 
     def attach(self, process: subprocess.Popen) -> None:
         """The ``mpirun`` started from ``mpirun()``'s command line, in a session of its own."""
@@ -221,10 +240,9 @@ class HostRuntime(Runtime):
                 (d / p.name).symlink_to(p.resolve())
         super().stage(run, manifest)
 
-    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+    def hydra(self, run: runs.Run) -> mpi.Hydra:
         iface = self.plan.head.iface if len(self.plan.hosts) > 1 else None
-        argv = mpi.mpirun_argv(self.mpirun_exe, str(run.machinefile), self.plan.np, iface, self.plan.rank_env, ssh=False)
-        return [*argv, *worker]
+        return mpi.Hydra(self.mpirun_exe, str(run.machinefile), iface, False, self.plan.rank_env)
 
     def stop(self) -> None:
         process = self.mpirun_process
@@ -283,9 +301,17 @@ class DockerRuntime(Runtime):
         self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))
         self.containers.start()
 
-    def mpirun(self, run: runs.Run, worker: list[str]) -> list[str]:
+    def hydra(self, run: runs.Run) -> mpi.Hydra:
         assert self.containers is not None
-        return self.containers.mpirun(worker)
+        return self.containers.hydra
+
+    def on_head(self, argv: list[str]) -> list[str]:
+        assert self.containers is not None
+        return self.containers.on_head(argv)
+
+    def lose(self, host: Host) -> None:
+        assert self.containers is not None
+        self.containers.lost.add(host.name)
 
     def states(self) -> list[containers.NodeState]:
         return self.containers.states() if self.containers is not None else []

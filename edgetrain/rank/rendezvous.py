@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import MutableMapping
 
+from edgetrain.shared import mpi
 from edgetrain.shared.strategies import GLOO_ADDR as ADDR
 from edgetrain.shared.strategies import GLOO_IFACE as IFACE
 from edgetrain.shared.strategies import GLOO_PORT as PORT
@@ -27,7 +28,7 @@ from edgetrain.shared.strategies import HOROVOD_OPERATIONS as OPERATIONS
 
 def wanted(env: MutableMapping[str, str]) -> bool:
     """Gloo asked for, several ranks, and no rendezvous given (horovodrun's own ranks have one)."""
-    return env.get(CONTROLLER) == "gloo" and ADDR not in env and int(env.get("PMI_SIZE", "1")) > 1
+    return env.get(CONTROLLER) == "gloo" and ADDR not in env and mpi.rank_and_size(env)[1] > 1
 
 
 def serve(address: str, plan: list):
@@ -62,7 +63,7 @@ def set_up(env: MutableMapping[str, str] = os.environ):
     if not _gloo_built():
         for name in (CONTROLLER, OPERATIONS):
             env.pop(name, None)
-        if env.get("PMI_RANK", "0") == "0":
+        if mpi.rank_and_size(env)[0] == 0:
             print("edgetrain: this Horovod was built without Gloo: its collectives use MPI, which polls "
                   "while it waits (rebuild Horovod without HOROVOD_WITHOUT_GLOO)", file=sys.stderr)
         return None

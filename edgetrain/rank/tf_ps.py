@@ -15,6 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from edgetrain.shared.strategies import tf_ps_role
+
 LIFELINE_WAIT_S = 300.0  # a server's wait for the chief to listen (it imports TensorFlow first)
 
 _role: str | None = None
@@ -36,12 +38,7 @@ class Layout:
         return cls(tuple(found["tasks"]), int(found["ps"]), found["lifeline"])
 
     def role(self, rank: int) -> tuple[str, int]:
-        """(task type, index) of a rank: 0 the chief, 1..ps the parameter servers, then workers."""
-        if rank == 0:
-            return "chief", 0
-        if rank <= self.ps:
-            return "ps", rank - 1
-        return "worker", rank - 1 - self.ps
+        return tf_ps_role(rank, self.ps)
 
     def tf_config(self, rank: int) -> str:
         kind, index = self.role(rank)

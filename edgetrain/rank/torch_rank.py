@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.strategies import fill_placeholders
 
@@ -47,7 +48,7 @@ class Place:
         ``ADDR:PORT:IFACE:HOST=N,HOST=N,...`` (strategies.Torch.worker_args)."""
         addr, port, iface, layout = peers.rsplit(":", 3)
         hosts = tuple((h, int(n)) for h, n in (item.rsplit("=", 1) for item in layout.split(",")))
-        return cls(int(env.get("PMI_RANK", "0")), int(env.get("PMI_SIZE", "1")), addr, int(port), hosts), iface or None
+        return cls(*mpi.rank_and_size(env), addr, int(port), hosts), iface or None
 
     def _node_of(self, rank: int) -> tuple[int, int]:
         """(node index, the node's first rank)."""

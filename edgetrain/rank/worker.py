@@ -24,7 +24,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from edgetrain.shared import failures, progress, tempdirs, workdir
+from edgetrain.shared import failures, mpi, progress, tempdirs, workdir
 from edgetrain.rank import pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
@@ -70,10 +70,6 @@ def run_as_login_user(record: Path = Path(RUN_AS)) -> None:
     home = Path(tempfile.gettempdir()) / f"edgetrain-home-{uid}"
     home.mkdir(mode=0o700, exist_ok=True)
     os.environ["HOME"] = str(home)  # root's home is not the user's to write (Keras' cache lives there)
-
-
-def rank_and_size() -> tuple[int, int]:
-    return int(os.environ.get("PMI_RANK", "0")), int(os.environ.get("PMI_SIZE", "1"))
 
 
 def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
@@ -177,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.args[:1] == ["--"]:
         args.args = args.args[1:]
     run_as_login_user()
-    rank, size = rank_and_size()
+    rank, size = mpi.rank_and_size()
     run_dir = args.run_dir
     failures.clear(run_dir, rank)
     # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 
 from edgetrain.shared.errors import EdgetrainError
 
@@ -30,16 +34,59 @@ def mpich_version(mpirun: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-def mpirun_argv(mpirun: str, machinefile: str, np: int, iface: str | None, env: dict[str, str], ssh: bool) -> list[str]:
-    """``mpirun -f MACHINEFILE -n N [-iface IF] [-bootstrap ssh] [-genv K V ...]``; the command follows."""
-    argv = [mpirun, "-f", machinefile, "-n", str(np)]
-    if iface:
-        argv += ["-iface", iface]
-    if ssh:
-        argv += ["-bootstrap", "ssh"]
-    for k, v in env.items():
-        argv += ["-genv", k, v]
-    return argv
+# A rank of a job that holds one host's share of a run (HostJob) is numbered from the job's first
+# rank, in a run of this many ranks; Hydra numbers it within its job (PMI_RANK, PMI_SIZE).
+RANK_BASE = "EDGETRAIN_RANK_BASE"
+WORLD_SIZE = "EDGETRAIN_WORLD_SIZE"
+
+
+def rank_and_size(env: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """This process's rank in the run, and the run's size."""
+    rank = int(env.get("PMI_RANK", "0")) + int(env.get(RANK_BASE, "0"))
+    return rank, int(env.get(WORLD_SIZE) or env.get("PMI_SIZE", "1"))
+
+
+@dataclass(frozen=True)
+class Hydra:
+    """How ``mpirun`` starts where it runs: its path, the placement's machinefile there, the
+    cluster interface, whether it reaches the nodes over ssh, and what every rank's environment gets."""
+
+    exe: str
+    machinefile: str
+    iface: str | None
+    ssh: bool
+    env: dict[str, str]
+
+    def argv(self, np: int, hosts: list[str] | None = None, env: dict[str, str] | None = None) -> list[str]:
+        """``mpirun -f MACHINEFILE -n N [-iface IF] [-bootstrap ssh] [-genv K V ...]``, the command to
+        follow; with ``hosts`` (``host:count`` each), ``-hosts`` instead of the machinefile."""
+        argv = [self.exe, *(["-hosts", ",".join(hosts)] if hosts else ["-f", self.machinefile]), "-n", str(np)]
+        if self.iface:
+            argv += ["-iface", self.iface]
+        if self.ssh:
+            argv += ["-bootstrap", "ssh"]
+        for k, v in {**self.env, **(env or {})}.items():
+            argv += ["-genv", k, v]
+        return argv
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """One host's ranks as a Hydra job of their own, for a strategy whose run can go on without
+    some of them (edgetrain.rank.hostjobs): Hydra ends a whole job when one of its nodes is lost."""
+
+    host: str
+    ranks: tuple[int, ...]
+    expendable: bool  # the run goes on without them; the first job (rank 0's) never is
+    argv: tuple[str, ...]
+
+
+def encode_jobs(jobs: list[HostJob]) -> str:
+    return json.dumps([asdict(j) for j in jobs], separators=(",", ":"))
+
+
+def decode_jobs(text: str) -> list[HostJob]:
+    return [HostJob(j["host"], tuple(j["ranks"]), bool(j["expendable"]), tuple(j["argv"])) for j in json.loads(text)]
 
 
 def terminated(output: str) -> tuple[str, str, int | None] | None:

@@ -54,6 +54,7 @@ class Attempt:
     shipped: list[dict] = field(default_factory=list)  # per node: what the working directory cost to send
     first_step_s: float | None = None  # seconds from the launch to the first training step
     excluded: dict[str, str] = field(default_factory=dict)  # nodes a restart left out -> how each was lost
+    went_on_without: dict[str, str] = field(default_factory=dict)  # nodes lost mid-attempt that it carried on without -> how
 
 
 @dataclass

@@ -90,6 +90,12 @@ class Strategy:
         """What every rank's worker is told, on its command line (``ps``: --ps, for tf-ps)."""
         return []
 
+    def can_lose(self, rank: int, ps: int | None = None) -> str | None:
+        """What the run loses with ``rank`` (e.g. "worker 1") where it goes on without it; None where
+        losing it ends the run. A host whose ranks can all be lost starts as a Hydra job of its
+        own (edgetrain.rank.hostjobs), so that losing it ends nothing else."""
+        return None
+
     # -- in each rank -------------------------------------------------------------------------
     def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         """The rank's environment before the program runs (``peers``: what worker_args said);
@@ -173,6 +179,15 @@ def task_addresses(plan: Placement, ports: dict[str, list[int]]) -> list[str]:
     return found
 
 
+def tf_ps_role(rank: int, ps: int) -> tuple[str, int]:
+    """(task type, index) of a tf-ps rank: 0 the chief, 1..ps the parameter servers, then workers."""
+    if rank == 0:
+        return "chief", 0
+    if rank <= ps:
+        return "ps", rank - 1
+    return "worker", rank - 1 - ps
+
+
 class TfParameterServer(Strategy):
     """Rank 0 is the chief and runs the script (ParameterServerStrategy, ClusterCoordinator, as
     TensorFlow's guide writes it); ranks 1..P are parameter servers and the rest workers, each an
@@ -202,6 +217,12 @@ class TfParameterServer(Strategy):
         lifeline = f"{tasks[0].rsplit(':', 1)[0]}:{ports[plan.head.name][-1]}"
         layout = {"tasks": tasks, "ps": self.default_ps if ps is None else ps, "lifeline": lifeline}
         return ["--peers", json.dumps(layout, separators=(",", ":"))]
+
+    def can_lose(self, rank: int, ps: int | None = None) -> str | None:
+        # The coordinator goes on with the workers left (TensorFlow's worker fault tolerance);
+        # without a parameter server or the chief there is nothing to go on with.
+        kind, index = tf_ps_role(rank, self.default_ps if ps is None else ps)
+        return f"worker {index}" if kind == "worker" else None
 
     def set_up_rank(self, rank: int, peers: str, args: list[str]) -> list[str]:
         from edgetrain.rank import tf_ps
