@@ -320,7 +320,8 @@ class Containers:
         """Remove the run's container on every node it may be on; the nodes where that failed
         (their containers end by themselves once the lease, no longer renewed, runs out)."""
         self._renewing.set()
-        lost = [h for h in self.plan.hosts if h.name in self.unreachable]
+        # A node the run went on without may be out of reach too: one look, not a removal's minutes.
+        lost = [h for h in self.plan.hosts if h.name in self.unreachable or (h.name in self.lost and not self.nodes.answers(h))]
         left = [f"{h.name}: unreachable; its container stops itself once its lease runs out ({h.lease_seconds} s)" for h in lost]
 
         def one(host: Host) -> str | None:

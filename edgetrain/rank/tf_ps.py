@@ -5,11 +5,19 @@ TensorFlow's servers never end by themselves (``server.join()`` waits for good),
 run only when every rank has. So each server holds a TCP connection to the chief's lifeline port:
 when the chief's process ends, whatever way, the connection closes and the server's rank ends with
 status 0. A chief that fails takes the job down through Hydra, as any failed rank does.
+
+The lifeline also carries each server's heartbeat to the chief. TensorFlow's coordinator goes on
+with the workers left when one is lost, but only once its gRPC calls to it fail: a worker whose
+process died fails them at once (its connections close), a worker behind a link that went dark
+never does - the call waits for an answer on a connection nothing closes. So a worker silent on
+the lifeline for SILENCE_S is cut off: the chief shuts its own connections to that worker's task,
+the calls in flight fail, and the coordinator runs their functions on the workers left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -18,6 +26,8 @@ from dataclasses import dataclass
 from edgetrain.shared.strategies import tf_ps_role
 
 LIFELINE_WAIT_S = 300.0  # a server's wait for the chief to listen (it imports TensorFlow first)
+HEARTBEAT_S = 2.0  # how often a server says it lives, on the lifeline
+SILENCE_S = 20.0  # a worker silent this long is cut off (a Pi's busiest moments stay well under it)
 
 _role: str | None = None
 _built = False
@@ -72,9 +82,70 @@ def become_chief(layout: Layout) -> None:
         while True:
             conn, _ = listener.accept()
             held.append(conn)  # open until this process ends: the servers' sign that the chief lives
+            threading.Thread(target=_hear, args=(layout, conn), daemon=True, name="tf-ps heartbeat").start()
 
     threading.Thread(target=accept, daemon=True, name="tf-ps lifeline").start()
     _watch_strategy()
+
+
+def _hear(layout: Layout, conn: socket.socket) -> None:
+    """One server's heartbeat: its rank, then a byte every HEARTBEAT_S; a worker that falls silent
+    or whose connection breaks is cut off."""
+    conn.settimeout(SILENCE_S)
+    try:
+        said = b""
+        while b"\n" not in said:
+            block = conn.recv(64)
+            if not block:
+                return  # gone before it said which it is: nothing to cut
+            said += block
+        rank = int(said.split(b"\n", 1)[0])
+        while conn.recv(64):
+            pass
+        why = "its lifeline closed"
+    except socket.timeout:
+        why = f"silent for {SILENCE_S:.0f} s"
+    except (OSError, ValueError) as exc:
+        why = f"its lifeline failed ({exc})"
+    kind, index = layout.role(rank)
+    if kind == "worker":
+        task = layout.tasks[rank]
+        shut = cut_off(task)
+        print(f"edgetrain: worker {index} ({task}) {why}: {shut} connection(s) to it shut; the coordinator goes on "
+              "with the workers left", flush=True)
+
+
+def cut_off(task: str) -> int:
+    """Shut this process's TCP connections to ``task`` (host:port); how many. The sockets stay
+    open (they are gRPC's): shutdown ends their connections, and gRPC sees them closed."""
+    host, port = _address(task)
+    ip = socket.gethostbyname(host)
+    inodes = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            address, hexport = row[2].split(":")
+            # The address's last 32 bits, in the kernel's byte order: IPv4, or IPv4 mapped into IPv6.
+            if int(hexport, 16) == port and socket.inet_ntoa(bytes.fromhex(address[-8:])[::-1]) == ip:
+                inodes.add(row[9])
+    shut = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            with socket.socket(fileno=os.dup(int(fd))) as s:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+                except OSError:
+                    pass
+    return shut
 
 
 def _watch_strategy() -> None:
@@ -103,8 +174,19 @@ def serve(layout: Layout, rank: int) -> None:
     print(f"edgetrain: {kind} {index} serving at {server.target}; it ends when the chief does", flush=True)
     with _lifeline(layout.lifeline) as conn:
         conn.settimeout(None)
+        conn.sendall(f"{rank}\n".encode())
+        threading.Thread(target=_beat, args=(conn,), daemon=True, name="tf-ps heartbeat").start()
         while conn.recv(4096):
             pass
+
+
+def _beat(conn: socket.socket) -> None:
+    try:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            conn.sendall(b".")
+    except OSError:
+        pass  # the chief is gone: the lifeline's end says so to serve()
 
 
 def _lifeline(hostport: str) -> socket.socket:

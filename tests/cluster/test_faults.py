@@ -11,15 +11,17 @@ import contextlib
 import os
 import pwd
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from edgetrain.controller import preflight
-from tests.conftest import descendants, edgetrain
+from tests.conftest import ROOT, descendants, edgetrain, sigint_default
 
 from .conftest import Cluster
-from .long_run import LEASE, NP, STEPS, LongRun, fault_cluster, gone_within, resume_completes, saved
+from .long_run import LEASE, NP, STEPS, LongRun, TimedOutput, fault_cluster, gone_within, resume_completes, saved
 from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -222,3 +224,71 @@ def test_a_login_shell_that_prints_text_fails_preflight_with_the_fix(faults):
     row = next(line for line in r.stdout.splitlines() if line.split()[:2] == ["node2", "ssh"])
     assert "FAIL" in row and "prints text" in row and "interactive" in row, row
     assert faults.leftovers() == {}
+
+
+@pytest.fixture(scope="module")
+def ps_faults(cluster) -> Cluster:
+    """The fault tests' short lease, with node1's two slots: tf-ps's chief and parameter server there,
+    a worker on each of node2 and node3."""
+    return Cluster(cluster.bed, cluster.docker_inventory("docker-ps-faults.yml", head_slots=2, edgetrain_lease_seconds=LEASE),
+                   cluster.env, cluster.runs)
+
+
+def cut_link(c: Cluster, node: str) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def cut():
+        n = next(n for n in c.bed.state.nodes if n.name == node)
+        run("ip", "link", "set", n.veth, "down")
+        try:
+            yield
+        finally:
+            run("ip", "link", "set", n.veth, "up")
+            c.bed.wait_ssh(n)
+    return cut()
+
+
+@pytest.mark.parametrize("how", ["container killed", "link cut"])
+def test_a_parameter_server_run_goes_on_without_a_lost_worker(ps_faults, report, how):
+    """tf-ps (examples/parameter_server): node3's worker lost at the chief's third epoch - its container
+    killed, or its link gone dark for good - and the run completes on node2's worker, no command
+    typed: the loss said on the console and kept in run.json, the epochs after it trained, the
+    chief's model saved, nothing left behind."""
+    c = ps_faults
+    before = c.run_ids()
+    cmd = [sys.executable, "-m", "edgetrain", "run", str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4",
+           "--strategy", "tf-ps", "--ps", "1", "--dataset", "fashion-mnist", "-i", c.inventory, "--", "--epochs", "30",
+           "--steps-per-epoch", "40"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **c.env},
+                            preexec_fn=sigint_default)
+    said = TimedOutput(proc)
+    with contextlib.ExitStack() as undo:
+        try:
+            deadline = time.monotonic() + 600
+            while said.said("Epoch 3/30") is None:
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
+                time.sleep(0.5)
+            rid = c.new_run(before)
+            lost_at = time.monotonic()
+            if how == "container killed":
+                c.docker("node3", "kill", f"edgetrain-{rid}")
+            else:
+                undo.enter_context(cut_link(c, "node3"))
+            code = proc.wait(timeout=900)
+            ended = time.monotonic()
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+        said.caught_up()
+    console = "".join(said.out) + "".join(said.err)
+    assert code == 0, console[-5000:]
+    noticed = said.said("the run goes on without its worker 1 (rank 3)")
+    assert noticed is not None and "edgetrain: node3: " in console, console[-5000:]
+    after = [line for t, line in list(said.timed) if t > noticed and line.startswith("Epoch ")]
+    assert after and "Epoch 30/30" in after[-1], console[-5000:]
+    attempt = c.run_json(rid)["attempts"][-1]
+    assert c.run_json(rid)["status"] == "completed" and list(attempt["went_on_without"]) == ["node3"], attempt
+    assert "keras-model" in c.node_ls("node1", f"{c.home}/runs/{rid}/work")
+    cleared = gone_within(c, LEASE + 30)
+    report[f"fault: tf-ps worker {how}"] = (f"said {noticed - lost_at:.1f} s after; completed {ended - lost_at:.0f} s after, "
+                                            f"{len(after)} epoch(s) trained without it; no container left {cleared:.0f} s after the exit")

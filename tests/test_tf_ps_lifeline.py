@@ -1,0 +1,90 @@
+"""tf-ps's lifeline as the chief hears it: each server's heartbeat, and a worker that falls silent
+(a link gone dark) or whose lifeline closes (its process gone) cut off - the chief's own
+connections to its task shut, so that TensorFlow's calls in flight to it fail and its coordinator
+goes on with the workers left. Real sockets on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from edgetrain.rank import tf_ps
+
+
+def task() -> tuple[socket.socket, socket.socket, str]:
+    """A task's listening socket, this process's connection to it (as gRPC's would be), and its host:port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    return listener, socket.create_connection(("127.0.0.1", listener.getsockname()[1])), address
+
+
+def test_cut_off_shuts_this_process_s_connections_to_a_task_and_no_other():
+    listener, conn, address = task()
+    other_listener, other, _ = task()
+    accepted, _ = listener.accept()
+    try:
+        assert tf_ps.cut_off(address) == 1
+        accepted.settimeout(5)
+        assert accepted.recv(1) == b""  # the task sees the connection end
+        other.settimeout(0.2)
+        try:
+            other.recv(1)
+            raise AssertionError("the other connection was shut too")
+        except socket.timeout:
+            pass
+    finally:
+        for s in (listener, conn, other_listener, other, accepted):
+            s.close()
+
+
+OPEN: list[socket.socket] = []
+
+
+def hear(monkeypatch, rank: int, then) -> tuple[str, float, socket.socket]:
+    """The chief hearing one server of rank ``rank`` (layout: chief, one ps, two workers; rank 3's
+    task is a real listener this process is connected to); ``then(lifeline)`` plays the server
+    after it said its rank. What the chief printed, how long it took, and the task's end of the
+    chief's connection."""
+    monkeypatch.setattr(tf_ps, "SILENCE_S", 1.0)
+    listener, conn, address = task()
+    accepted, _ = listener.accept()
+    layout = tf_ps.Layout(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", address), 1, "127.0.0.1:4")
+    chief_end, server_end = socket.socketpair()
+    said: list[str] = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: said.append(" ".join(map(str, a))))
+    heard = threading.Thread(target=tf_ps._hear, args=(layout, chief_end))
+    started = time.monotonic()
+    heard.start()
+    server_end.sendall(f"{rank}\n".encode())
+    then(server_end)
+    heard.join(timeout=30)
+    listener.close()
+    OPEN.append(conn)  # the chief's connection stays open unless cut off
+    return "\n".join(said), time.monotonic() - started, accepted
+
+
+def test_a_worker_silent_on_its_lifeline_is_cut_off(monkeypatch):
+    def beat_then_go_dark(lifeline):
+        for _ in range(3):  # beating: not silent, though each beat takes half the silence
+            time.sleep(0.5)
+            lifeline.sendall(b".")
+
+    said, took, accepted = hear(monkeypatch, 3, beat_then_go_dark)
+    assert "edgetrain: worker 1 (127.0.0.1:" in said and "silent for 1 s: 1 connection(s) to it shut" in said, said
+    assert 2.0 <= took < 10, took
+    accepted.settimeout(5)
+    assert accepted.recv(1) == b""
+
+
+def test_a_worker_whose_lifeline_closes_is_cut_off_and_a_parameter_server_is_not(monkeypatch):
+    said, took, accepted = hear(monkeypatch, 3, lambda lifeline: lifeline.close())
+    assert "its lifeline closed: 1 connection(s) to it shut" in said and took < 5, said
+    said, took, accepted = hear(monkeypatch, 1, lambda lifeline: lifeline.close())
+    assert said == ""
+    accepted.settimeout(0.2)
+    try:
+        accepted.recv(1)
+        raise AssertionError("a parameter server's task was cut off")
+    except socket.timeout:
+        pass
