@@ -176,8 +176,11 @@ def serve(layout: Layout, rank: int) -> None:
         conn.settimeout(None)
         conn.sendall(f"{rank}\n".encode())
         threading.Thread(target=_beat, args=(conn,), daemon=True, name="tf-ps heartbeat").start()
-        while conn.recv(4096):
-            pass
+        try:
+            while conn.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass  # the chief's process ended with a heartbeat unread: its kernel resets, not closes
 
 
 def _beat(conn: socket.socket) -> None:
