@@ -1,7 +1,7 @@
 """The user's own scripts on the testbed's three nodes, in containers: a Horovod Keras script with
 a package baked into the image offline, its working directory shipped once, its rank-0 outputs
-collected; TensorFlow's MultiWorkerMirroredStrategy and parameter servers, and a torch DDP script,
-across the nodes; failures named by node."""
+collected; TensorFlow's MultiWorkerMirroredStrategy and a torch DDP script across the nodes (parameter
+servers: test_faults, which runs them across the nodes losing a worker); failures named by node."""
 
 from __future__ import annotations
 
@@ -118,19 +118,6 @@ def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
     assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
     assert moved["node2"] > 50 and moved["node3"] > 50, moved
     report["tf-multiworker example np 4, 1 x 20 steps"] = link_mb(moved)
-    assert cluster.leftovers() == {}
-
-
-def test_parameter_server_strategy_trains_across_the_nodes(cluster, report):
-    """tf-ps over the containers: the chief and the parameter server on node1, a worker on each of
-    node2 and node3; the servers end with the chief, and nothing is left."""
-    run_id, moved = example_across_the_nodes(cluster, "parameter_server", "--strategy", "tf-ps", "--ps", "1",
-                                             "--dataset", "fashion-mnist")
-    assert "keras-model" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")
-    logs = {rank: (cluster.runs / run_id / f"rank.{rank}.log").read_text() for rank in (1, 2, 3)}
-    assert "edgetrain: ps 0 serving" in logs[1] and "edgetrain: worker 0 serving" in logs[2] and "edgetrain: worker 1 serving" in logs[3]
-    assert moved["node2"] > 1 and moved["node3"] > 1, moved  # the workers pulled variables and pushed gradients
-    report["tf-ps example np 4 (chief and ps on node1), 1 x 20 steps"] = link_mb(moved)
     assert cluster.leftovers() == {}
 
 
