@@ -53,3 +53,29 @@ def test_what_is_never_restarted():
     assert "no node was lost" in launch.restart_after(*attempt(req)).said
     assert "node1 was lost, and it holds rank 0" in launch.restart_after(*attempt(req, lost="node1")).said
     assert "fewer than --min-nodes 3" in launch.restart_after(*attempt(request(max_restarts=2, min_nodes=3), lost="node2")).said
+
+
+def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_parameter_server():
+    """The watcher's verdict on a lost node: tf-ps over node1 (the chief), node2 (the parameter
+    server) and node3 and node4 (workers). A node of workers lost is said once, no longer watched and
+    kept for the attempt's record, whichever saw it first (the watcher, or the lost-job event on
+    mpirun's stream); the parameter server's node lost ends the attempt."""
+    hosts = (*HOSTS, host("node4"))
+    plan = placement.plan(Inventory(Path("inv"), hosts), 4)
+    said, lost_hosts, stopped = [], [], []
+    dead: set[str] = set()
+    runtime = SimpleNamespace(states=lambda: [SimpleNamespace(host=h, alive=h.name not in dead, detail="container gone" if h.name in dead else "")
+                                              for h in hosts],
+                              lose=lost_hosts.append, stop=lambda: stopped.append(True))
+    fake = SimpleNamespace(request=SimpleNamespace(strategy="tf-ps", ps=1, rejoin=False, excluded={}, log=said.append),
+                           placement=plan, runtime=runtime)
+    fake.losable = launch.Launch.losable.fget(fake)
+    assert fake.losable == {"node3": "worker 0 (rank 2)", "node4": "worker 1 (rank 3)"}
+    watch = launch._Watch(fake, hang_timeout=300)
+    dead.add("node3")
+    assert watch._look() is False and watch.failure is None and stopped == []
+    launch._observe(fake, watch, launch._Seen(), {"event": "lost", "host": "node3", "ranks": [2], "why": "its job ended"})
+    assert watch.went_on_without == {"node3": "container gone"} and [h.name for h in lost_hosts] == ["node3"]
+    assert said == ["edgetrain: node3: container gone; the run goes on without its worker 0 (rank 2)"]
+    dead.add("node2")
+    assert watch._look() is True and watch.failure[0].name == "node2" and stopped == [True]
