@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from edgetrain.rank import tf_ps
 
 
@@ -44,6 +46,15 @@ def test_cut_off_shuts_this_process_s_connections_to_a_task_and_no_other():
 
 
 OPEN: list[socket.socket] = []
+LISTENING: list[socket.socket] = []  # each test's task, which a worker cut off goes on being cut off from
+HEARD = threading.Event()  # set at the end: the chief's threads that go on cutting a worker off stop
+
+
+@pytest.fixture(autouse=True)
+def stop_cutting():
+    HEARD.clear()
+    yield
+    HEARD.set()
 
 
 def hear(monkeypatch, rank: int, then) -> tuple[str, float, socket.socket]:
@@ -58,13 +69,14 @@ def hear(monkeypatch, rank: int, then) -> tuple[str, float, socket.socket]:
     chief_end, server_end = socket.socketpair()
     said: list[str] = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: said.append(" ".join(map(str, a))))
-    heard = threading.Thread(target=tf_ps._hear, args=(layout, chief_end))
+    heard = threading.Thread(target=tf_ps._hear, args=(layout, chief_end, HEARD), daemon=True)
     started = time.monotonic()
     heard.start()
     server_end.sendall(f"{rank}\n".encode())
     then(server_end)
-    heard.join(timeout=30)
-    listener.close()
+    while heard.is_alive() and not said and time.monotonic() - started < 30:
+        time.sleep(0.1)  # a worker cut off goes on being cut off: its thread does not end
+    LISTENING.append(listener)
     OPEN.append(conn)  # the chief's connection stays open unless cut off
     return "\n".join(said), time.monotonic() - started, accepted
 
@@ -80,6 +92,12 @@ def test_a_worker_silent_on_its_lifeline_is_cut_off(monkeypatch):
     assert 2.0 <= took < 10, took
     accepted.settimeout(5)
     assert accepted.recv(1) == b""
+    # A later connection to the lost worker (TensorFlow trying it again) is shut too, soon.
+    again = socket.create_connection(("127.0.0.1", LISTENING[-1].getsockname()[1]))
+    accepted, _ = LISTENING[-1].accept()
+    accepted.settimeout(5)
+    assert accepted.recv(1) == b""
+    again.close()
 
 
 def test_a_worker_whose_lifeline_closes_is_cut_off_and_a_parameter_server_is_not(monkeypatch):

@@ -11,7 +11,8 @@ with the workers left when one is lost, but only once its gRPC calls to it fail:
 process died fails them at once (its connections close), a worker behind a link that went dark
 never does - the call waits for an answer on a connection nothing closes. So a worker silent on
 the lifeline for SILENCE_S is cut off: the chief shuts its own connections to that worker's task,
-the calls in flight fail, and the coordinator runs their functions on the workers left.
+the calls in flight fail, and the coordinator runs their functions on the workers left; and
+again every CUT_AGAIN_S, so that TensorFlow's later attempts to reach it fail at once too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from edgetrain.shared.strategies import tf_ps_role
 LIFELINE_WAIT_S = 300.0  # a server's wait for the chief to listen (it imports TensorFlow first)
 HEARTBEAT_S = 2.0  # how often a server says it lives, on the lifeline
 SILENCE_S = 20.0  # a worker silent this long is cut off (a Pi's busiest moments stay well under it)
+# And cut off again this often: TensorFlow goes on trying the lost worker (each function it registers
+# afresh, an evaluation's or a save's), and a connection attempt to a dark host waits on its SYN, 3 s
+# each on the testbed, where one shut at once fails at once.
+CUT_AGAIN_S = 0.25
 
 _role: str | None = None
 _built = False
@@ -88,9 +93,10 @@ def become_chief(layout: Layout) -> None:
     _watch_strategy()
 
 
-def _hear(layout: Layout, conn: socket.socket) -> None:
+def _hear(layout: Layout, conn: socket.socket, until: threading.Event | None = None) -> None:
     """One server's heartbeat: its rank, then a byte every HEARTBEAT_S; a worker that falls silent
-    or whose connection breaks is cut off."""
+    or whose connection breaks is cut off, and again every CUT_AGAIN_S until this process ends
+    (or ``until`` is set)."""
     conn.settimeout(SILENCE_S)
     try:
         said = b""
@@ -113,6 +119,9 @@ def _hear(layout: Layout, conn: socket.socket) -> None:
         shut = cut_off(task)
         print(f"edgetrain: worker {index} ({task}) {why}: {shut} connection(s) to it shut; the coordinator goes on "
               "with the workers left", flush=True)
+        until = until or threading.Event()
+        while not until.wait(CUT_AGAIN_S):
+            cut_off(task)
 
 
 def cut_off(task: str) -> int:
