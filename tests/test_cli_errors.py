@@ -389,3 +389,13 @@ def test_parameter_servers_that_leave_no_worker_are_one_line(tmp_path, np, ps):
     script = project_script(tmp_path, "import tensorflow as tf\n")
     r = edgetrain("run", str(script), "--strategy", "tf-ps", "--np", np, "--ps", ps, "--runs-dir", str(tmp_path / "runs"))
     assert_one_line_error(r, f"--ps {ps} with --np {np} leaves no worker", code=2)
+
+
+def test_runs_show_names_the_nodes_an_attempt_went_on_without(existing_runs):
+    run = existing_runs / "20260101-000000-lenet-abcd"
+    attempt = {"started": "2026-01-01T00:00:00Z", "command": ["edgetrain", "run"], "np": 4, "mpirun": ["mpirun"],
+               "went_on_without": {"node3": "container gone (No such container)"}}
+    (run / "run.json").write_text(json.dumps({"id": run.name, "job": "lenet", "status": "completed", "attempts": [attempt]}))
+    shown = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
+    assert shown.returncode == 0, shown.stderr
+    assert "attempt 1 (2026-01-01T00:00:00Z): 4 ranks; went on without node3 (container gone (No such container))" in shown.stdout

@@ -327,10 +327,11 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
                       + f" ({where.runtime} runtime, {where.strategy})", highlight=False)
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()), highlight=False)
-    for n, a in enumerate(rec.attempts, 1) if len(rec.attempts) > 1 else ():
+    for n, a in enumerate(rec.attempts, 1) if len(rec.attempts) > 1 or any(a.went_on_without for a in rec.attempts) else ():
         resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
         left_out = "".join(f"; {node} left out ({why})" for node, why in a.excluded.items())
-        console.print(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}", markup=False, highlight=False)
+        lost = "".join(f"; went on without {node} ({why})" for node, why in a.went_on_without.items())
+        console.print(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}", markup=False, highlight=False)
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]

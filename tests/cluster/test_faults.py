@@ -292,6 +292,8 @@ def test_a_parameter_server_run_goes_on_without_a_lost_worker(ps_faults, report,
     assert after and f"Epoch {EPOCHS}/{EPOCHS}" in after[-1], console[-5000:]
     attempt = c.run_json(rid)["attempts"][-1]
     assert c.run_json(rid)["status"] == "completed" and list(attempt["went_on_without"]) == ["node3"], attempt
+    shown = edgetrain("runs", "show", rid, env=c.env)
+    assert "; went on without node3 (" in shown.stdout, shown.stdout + shown.stderr
     assert "keras-model" in c.node_ls("node1", f"{c.home}/runs/{rid}/work")
     logs = {rank: (c.runs / rid / f"rank.{rank}.log").read_text() for rank in (1, 2)}
     assert "edgetrain: ps 0 serving" in logs[1] and "edgetrain: worker 0 serving" in logs[2]
