@@ -4,8 +4,9 @@ Everything else about a run (inventory, placement, preflight, shipping, containe
 failure records, cleanup, collect) is the same for all of them, so a strategy says only what
 differs: which built-in jobs train with it, which module a rank needs, which ports must be free
 on each host before anything starts (and the option that picks them), what the script's
-arguments may hold, what each rank's worker is told, what a rank's environment holds before the
-program runs, and what a rank that ended with status 0 may still have got wrong. The launcher and
+arguments may hold, what each rank's worker is told, which ranks the run can lose and go on, what
+a rank's environment holds before the program runs, and what a rank that ended with status 0 may
+still have got wrong. The launcher and
 the worker never compare strategy names.
 """
 
