@@ -79,3 +79,9 @@ def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_param
     assert said == ["edgetrain: node3: container gone; the run goes on without its worker 0 (rank 2)"]
     dead.add("node2")
     assert watch._look() is True and watch.failure[0].name == "node2" and stopped == [True]
+    # Every worker lost: nothing to go on with, and the attempt ends at once rather than wait.
+    watch, stopped[:] = launch._Watch(fake, hang_timeout=300), []
+    dead.discard("node2")
+    dead.add("node4")
+    assert watch._look() is True and stopped == [True] and watch.failure == (None, (
+        "every rank the run could go on without was lost (node3, node4), and it cannot go on with none"))

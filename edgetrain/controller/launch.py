@@ -441,6 +441,12 @@ class _Watch(threading.Thread):
             self.went_on_without[name] = why
         self.launch.runtime.lose(next(h for h in self.launch.placement.hosts if h.name == name))
         self.launch.request.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
+        plan, strategy = self.launch.placement, STRATEGIES[self.launch.request.strategy]
+        gone = {r for h in plan.hosts if h.name in self.went_on_without for r in plan.ranks_on(h)}
+        if all(r in gone for r in range(plan.np) if strategy.can_lose(r, self.launch.request.ps)):
+            # The coordinator would wait for one to come back (TensorFlow: up to an hour).
+            self._fail(None, f"every rank the run could go on without was lost ({', '.join(self.went_on_without)}), "
+                             "and it cannot go on with none")
 
     def run(self) -> None:
         while True:
@@ -458,6 +464,8 @@ class _Watch(threading.Thread):
 
     def _look(self) -> bool:
         """One look at the run; True once it is over for the watch (a verdict, or a node back)."""
+        if self.failure is not None:
+            return True  # a verdict reached on mpirun's stream (the last rank it could lose)
         now = time.monotonic()
         if now - self.last_output > self.hang_timeout:
             self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
@@ -484,6 +492,8 @@ class _Watch(threading.Thread):
         for st in states:
             if not st.alive and st.host.name in losable:
                 self.go_on_without(st.host.name, st.detail)
+        if self.failure is not None:
+            return True  # the last rank it could lose went, here or on mpirun's stream
         dead = next((st for st in states if not st.alive and st.host.name not in losable), None)
         if dead is not None:
             self._fail(dead.host, dead.detail)
