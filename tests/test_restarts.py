@@ -67,8 +67,9 @@ def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_param
     runtime = SimpleNamespace(states=lambda: [SimpleNamespace(host=h, alive=h.name not in dead, detail="container gone" if h.name in dead else "")
                                               for h in hosts],
                               lose=lost_hosts.append, stop=lambda: stopped.append(True))
-    fake = SimpleNamespace(request=SimpleNamespace(strategy="tf-ps", ps=1, rejoin=False, excluded={}, log=said.append),
-                           placement=plan, runtime=runtime)
+    req = SimpleNamespace(strategy="tf-ps", ps=1, rejoin=False, excluded={}, log=said.append)
+    req.expendable = lambda rank: launch.RunRequest.expendable(req, rank)
+    fake = SimpleNamespace(request=req, placement=plan, runtime=runtime)
     fake.losable = launch.Launch.losable.fget(fake)
     assert fake.losable == {"node3": "worker 0 (rank 2)", "node4": "worker 1 (rank 3)"}
     watch = launch._Watch(fake, hang_timeout=300)

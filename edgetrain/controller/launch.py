@@ -61,6 +61,10 @@ class RunRequest:
     command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
     log: Callable[[str], None] = print
 
+    def expendable(self, rank: int) -> bool:
+        """Whether the run goes on without ``rank`` (its strategy's can_lose)."""
+        return STRATEGIES[self.strategy].can_lose(rank, self.ps) is not None
+
 
 @dataclass
 class Launch:
@@ -80,14 +84,12 @@ class Launch:
 
     @property
     def losable(self) -> dict[str, str]:
-        """The hosts this run goes on without, each with what it loses there: those whose ranks its
-        strategy can all lose, rank 0's host never."""
-        strategy, found = STRATEGIES[self.request.strategy], {}
-        for host in self.placement.hosts[1:]:
+        """The hosts this run goes on without (placement.losable_hosts), each with what it loses there."""
+        found = {}
+        for host in self.placement.losable_hosts(self.request.expendable):
             ranks = self.placement.ranks_on(host)
-            lost = [strategy.can_lose(r, self.request.ps) for r in ranks]
-            if all(lost):
-                found[host.name] = f"{', '.join(map(str, lost))} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+            lost = ", ".join(str(STRATEGIES[self.request.strategy].can_lose(r, self.request.ps)) for r in ranks)
+            found[host.name] = f"{lost} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
         return found
 
     @property
@@ -323,7 +325,7 @@ def prepare(req: RunRequest) -> Launch:
         except EdgetrainError as exc:
             run.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
-        argv = rt.mpirun(run, worker, lambda rank: strategy.can_lose(rank, req.ps) is not None, token)
+        argv = rt.mpirun(run, worker, req.expendable, token)
         launch = Launch(req, program, plan, rt, run, argv, manifest, resumed_epoch, lock, token, started)
         _record(launch, inv)
         return launch
@@ -441,9 +443,9 @@ class _Watch(threading.Thread):
             self.went_on_without[name] = why
         self.launch.runtime.lose(next(h for h in self.launch.placement.hosts if h.name == name))
         self.launch.request.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
-        plan, strategy = self.launch.placement, STRATEGIES[self.launch.request.strategy]
+        plan = self.launch.placement
         gone = {r for h in plan.hosts if h.name in self.went_on_without for r in plan.ranks_on(h)}
-        if all(r in gone for r in range(plan.np) if strategy.can_lose(r, self.launch.request.ps)):
+        if all(r in gone for r in range(plan.np) if self.launch.request.expendable(r)):
             # The coordinator would wait for one to come back (TensorFlow: up to an hour).
             self._fail(None, f"every rank the run could go on without was lost ({', '.join(self.went_on_without)}), "
                              "and it cannot go on with none")

@@ -80,13 +80,19 @@ class Placement:
         """One Hydra job per host, rank 0's first, where the ranks of some host other than rank 0's
         are all ``expendable`` (the run goes on without them); None where losing any host ends the
         run, which one job over the machinefile does."""
+        losable = {h.name for h in self.losable_hosts(expendable)}
+        if not losable:
+            return None
         jobs = []
         for host, n in self.ranks:
             ranks = tuple(self.ranks_on(host))
             env = {mpi.RANK_BASE: str(ranks[0]), mpi.WORLD_SIZE: str(self.np)}
-            jobs.append(mpi.HostJob(host.name, ranks, host.name != self.head.name and all(map(expendable, ranks)),
-                                    (*hydra.argv(n, [f"{host.address}:{n}"], env), *command)))
-        return jobs if any(j.expendable for j in jobs) else None
+            jobs.append(mpi.HostJob(host.name, ranks, host.name in losable, (*hydra.argv(n, [f"{host.address}:{n}"], env), *command)))
+        return jobs
+
+    def losable_hosts(self, expendable: Callable[[int], bool]) -> list[Host]:
+        """The hosts a run goes on without: every rank on them ``expendable``, rank 0's host never."""
+        return [h for h in self.hosts[1:] if all(map(expendable, self.ranks_on(h)))]
 
     def describe(self) -> list[dict]:
         return [{"host": h.name, "address": h.address, "arch": h.arch, "slots": h.slots, "ranks": n} for h, n in self.ranks]
