@@ -1,7 +1,8 @@
 """tf-ps's lifeline as the chief hears it: each server's heartbeat, and a worker that falls silent
 (a link gone dark) or whose lifeline closes (its process gone) cut off - the chief's own
 connections to its task shut, so that TensorFlow's calls in flight to it fail and its coordinator
-goes on with the workers left. Real sockets on loopback."""
+goes on with the workers left - and each worker's connections armed beforehand with the kernel's
+own limits, which end them however busy the chief's threads are. Real sockets on loopback."""
 
 from __future__ import annotations
 
@@ -42,6 +43,24 @@ def test_cut_off_shuts_this_process_s_connections_to_a_task_and_no_other():
         assert still_open(other)
     finally:
         for s in (listener, conn, other_listener, other, accepted):
+            s.close()
+
+
+def armed(conn: socket.socket) -> tuple[int, int, int]:
+    return (conn.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+
+
+def test_arm_sets_the_kernels_limits_on_this_process_s_connections_to_a_task_and_no_other():
+    listener, conn, address = task()
+    other_listener, other, _ = task()
+    try:
+        before = armed(other)
+        tf_ps.arm(address)
+        assert armed(conn) == (1, tf_ps.KEEPALIVE_IDLE_S, int(tf_ps.SILENCE_S * 1000))
+        assert armed(other) == before and before[2] == 0
+    finally:
+        for s in (listener, conn, other_listener, other):
             s.close()
 
 
@@ -88,6 +107,7 @@ def test_a_worker_silent_on_its_lifeline_is_cut_off(monkeypatch):
             lifeline.sendall(b".")
 
     said, took, accepted = hear(monkeypatch, 3, beat_then_go_dark)
+    assert armed(OPEN[-1])[2] == 1000  # armed while it beat
     assert "edgetrain: worker 1 (127.0.0.1:" in said and "silent for 1 s: 1 connection(s) to it shut" in said, said
     assert 2.0 <= took < 10, took
     accepted.settimeout(5)

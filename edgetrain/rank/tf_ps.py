@@ -13,6 +13,14 @@ never does - the call waits for an answer on a connection nothing closes. So a w
 the lifeline for SILENCE_S is cut off: the chief shuts its own connections to that worker's task,
 the calls in flight fail, and the coordinator runs their functions on the workers left; and
 again every CUT_AGAIN_S, so that TensorFlow's later attempts to reach it fail at once too.
+
+The heartbeat is heard by a Python thread, and TensorFlow can hold the GIL while one of its calls
+waits on a dark worker (seen on the testbed: the chief's evaluation registering its functions on
+every worker, begun before the silence ran out), so that thread may never run again. The chief's
+connections to each worker are therefore armed beforehand with the kernel's own limits
+(TCP_USER_TIMEOUT and keepalive probes), so that the kernel ends them once the worker has not
+answered for SILENCE_S, whatever this process's threads are doing; the failed calls release the
+GIL, and the cut-off above takes over.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ SILENCE_S = 20.0  # a worker silent this long is cut off (a Pi's busiest moments
 # afresh, an evaluation's or a save's), and a connection attempt to a dark host waits on its SYN, 3 s
 # each on the testbed, where one shut at once fails at once.
 CUT_AGAIN_S = 0.25
+ARM_EVERY_S = 1.0  # a new connection to a worker is armed within this (gRPC's are made at the start)
+KEEPALIVE_IDLE_S = 5  # an idle connection to a worker is probed after this, and then as often; the
+# kernel ends it once TCP_USER_TIMEOUT (SILENCE_S) has passed with a probe or data unanswered
 
 _role: str | None = None
 _built = False
@@ -94,9 +105,9 @@ def become_chief(layout: Layout) -> None:
 
 
 def _hear(layout: Layout, conn: socket.socket, until: threading.Event | None = None) -> None:
-    """One server's heartbeat: its rank, then a byte every HEARTBEAT_S; a worker that falls silent
-    or whose connection breaks is cut off, and again every CUT_AGAIN_S until this process ends
-    (or ``until`` is set)."""
+    """One server's heartbeat: its rank, then a byte every HEARTBEAT_S. A worker's connections are
+    armed every ARM_EVERY_S while it beats; one that falls silent or whose lifeline breaks is cut
+    off, and again every CUT_AGAIN_S until this process ends (or ``until`` is set)."""
     conn.settimeout(SILENCE_S)
     try:
         said = b""
@@ -106,16 +117,12 @@ def _hear(layout: Layout, conn: socket.socket, until: threading.Event | None = N
                 return  # gone before it said which it is: nothing to cut
             said += block
         rank = int(said.split(b"\n", 1)[0])
-        while conn.recv(64):
-            pass
-        why = "its lifeline closed"
-    except socket.timeout:
-        why = f"silent for {SILENCE_S:.0f} s"
-    except (OSError, ValueError) as exc:
-        why = f"its lifeline failed ({exc})"
+    except (OSError, ValueError):
+        return
     kind, index = layout.role(rank)
+    task = layout.tasks[rank]
+    why = _beats(conn, (lambda: arm(task)) if kind == "worker" else (lambda: None))
     if kind == "worker":
-        task = layout.tasks[rank]
         shut = cut_off(task)
         print(f"edgetrain: worker {index} ({task}) {why}: {shut} connection(s) to it shut; the coordinator goes on "
               "with the workers left", flush=True)
@@ -124,9 +131,26 @@ def _hear(layout: Layout, conn: socket.socket, until: threading.Event | None = N
             cut_off(task)
 
 
-def cut_off(task: str) -> int:
-    """Shut this process's TCP connections to ``task`` (host:port); how many. The sockets stay
-    open (they are gRPC's): shutdown ends their connections, and gRPC sees them closed."""
+def _beats(conn: socket.socket, meanwhile) -> str:
+    """Hear a server's beats, calling ``meanwhile`` every ARM_EVERY_S, until they stop; why they did."""
+    conn.settimeout(ARM_EVERY_S)
+    heard = time.monotonic()
+    while True:
+        meanwhile()
+        try:
+            if not conn.recv(64):
+                return "its lifeline closed"
+            heard = time.monotonic()
+        except socket.timeout:
+            if time.monotonic() - heard >= SILENCE_S:
+                return f"silent for {SILENCE_S:.0f} s"
+        except OSError as exc:
+            return f"its lifeline failed ({exc})"
+
+
+def _connections(task: str):
+    """This process's TCP connections to ``task`` (host:port), each as a socket on a dup of its fd.
+    The sockets are gRPC's: what is done to them (shutdown, options) is done to gRPC's."""
     host, port = _address(task)
     ip = socket.gethostbyname(host)
     inodes = set()
@@ -140,21 +164,46 @@ def cut_off(task: str) -> int:
             address, hexport = row[2].split(":")
             # The address's last 32 bits, in the kernel's byte order: IPv4, or IPv4 mapped into IPv6.
             if int(hexport, 16) == port and socket.inet_ntoa(bytes.fromhex(address[-8:])[::-1]) == ip:
-                inodes.add(row[9])
-    shut = 0
+                inodes.add(int(row[9]))
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
+            if not (target.startswith("socket:[") and int(target[8:-1]) in inodes):
+                continue
+            copy = os.dup(int(fd))
         except OSError:
+            continue  # closed meanwhile
+        if os.fstat(copy).st_ino not in inodes:  # the fd was closed and reused meanwhile
+            os.close(copy)
             continue
-        if target.startswith("socket:[") and target[8:-1] in inodes:
-            with socket.socket(fileno=os.dup(int(fd))) as s:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                    shut += 1
-                except OSError:
-                    pass
+        with socket.socket(fileno=copy) as s:
+            yield s
+
+
+def cut_off(task: str) -> int:
+    """Shut this process's TCP connections to ``task``; how many. The sockets stay open (they are
+    gRPC's): shutdown ends their connections, and gRPC sees them closed."""
+    shut = 0
+    for s in _connections(task):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            shut += 1
+        except OSError:
+            pass
     return shut
+
+
+def arm(task: str) -> None:
+    """Have the kernel end this process's connections to ``task`` once it has not answered for
+    SILENCE_S: unacknowledged data (TCP_USER_TIMEOUT), or probes of an idle connection."""
+    for s in _connections(task):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_IDLE_S)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(SILENCE_S * 1000))
+        except OSError:
+            pass  # ended meanwhile
 
 
 def _watch_strategy() -> None:

@@ -250,18 +250,16 @@ def cut_link(c: Cluster, node: str) -> contextlib.AbstractContextManager:
 EPOCHS = 12
 
 
-# The dark-link case completed in 3 runs of 4 at the final code; in the 4th the chief printed
-# nothing after the link went dark and never cut the worker off, until the hang timeout. Cause not
-# found (a guess: a TensorFlow call holding the GIL while it waits, so the chief's heartbeat thread
-# cannot run). A defect, open and said so: it stays in the suite, not counted as a pass when it fails.
-@pytest.mark.parametrize("how", ["container killed", pytest.param("link cut", marks=pytest.mark.xfail(
-    reason="flaky: 1 run in 4 the chief did not cut the dark worker off (cause not found)", strict=False))])
+@pytest.mark.parametrize("how", ["container killed", "link cut"])
 def test_a_parameter_server_run_goes_on_without_a_lost_worker(ps_faults, report, how):
     """tf-ps (examples/parameter_server) across the containers, the chief and the parameter server on
-    node1, a worker on each of node2 and node3: node3's worker lost at the chief's second epoch - its
-    container killed, or its link gone dark for good - and the run completes on node2's worker, no
-    command typed: the loss said on the console and kept in run.json, the epochs after it trained,
-    the servers serving until the chief's end, the chief's model saved, nothing left behind."""
+    node1, a worker on each of node2 and node3: node3's worker lost at the chief's last epoch but one -
+    its container killed, or its link gone dark for good - and the run completes on node2's worker,
+    no command typed: the loss said on the console and kept in run.json, the epoch after it trained,
+    the servers serving until the chief's end, the chief's model saved, nothing left behind. Lost
+    that late, the chief's evaluation registers its functions on the dark worker before the
+    heartbeat's silence has run out, in a call that holds the GIL until it is answered: only the
+    kernel's limits armed on the chief's connections end it (edgetrain/rank/tf_ps.py)."""
     c = ps_faults
     before, link_before = c.run_ids(), c.bed.link_bytes()
     cmd = [sys.executable, "-m", "edgetrain", "run", str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4",
@@ -273,7 +271,7 @@ def test_a_parameter_server_run_goes_on_without_a_lost_worker(ps_faults, report,
     with contextlib.ExitStack() as undo:
         try:
             deadline = time.monotonic() + 600
-            while said.said(f"Epoch 2/{EPOCHS}") is None:
+            while said.said(f"Epoch {EPOCHS - 1}/{EPOCHS}") is None:
                 assert proc.poll() is None and time.monotonic() < deadline, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
                 time.sleep(0.5)
             rid = c.new_run(before)
