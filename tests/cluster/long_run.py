@@ -3,6 +3,7 @@ in a terminal: what the fault tests and the restart benchmark cut, kill and time
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from tests.conftest import ROOT, edgetrain, sigint_default
 
 from .conftest import Cluster
+from .testbed import run
 
 LEASE = 30  # edgetrain_lease_seconds of the fault inventory: containers of a lost controller end within it
 NP = ("--np", "3")  # one rank per node: rank 0 on node1, 1 on node2, 2 on node3
@@ -58,17 +60,42 @@ class TimedOutput:
         return "".join(f"{t - since:7.1f} {line}" for t, line in self.timed)
 
 
-def completed(cluster: Cluster, *args: str, timeout: float = 3600) -> tuple[TimedOutput, float]:
+def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=None) -> tuple[TimedOutput, float]:
     """``edgetrain run ARGS`` to its end, which must be success: its output, every line timed, and
-    the monotonic time it was started (what the benches time from)."""
+    the monotonic time it was started (what the benches time from). ``meanwhile(output, undo)``,
+    if given, is called every half second while it runs; what it enters on ``undo`` (a link cut)
+    is undone once the run has ended."""
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env={**os.environ, **cluster.env})
+                            text=True, cwd=ROOT, env={**os.environ, **cluster.env}, preexec_fn=sigint_default)
     said = TimedOutput(proc)
-    proc.wait(timeout=timeout)
+    with contextlib.ExitStack() as undo:
+        try:
+            while proc.poll() is None and time.monotonic() - start < timeout:
+                if meanwhile:
+                    meanwhile(said, undo)
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
     said.caught_up()
     assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
     return said, start
+
+
+def cut_link(c: Cluster, node: str) -> contextlib.AbstractContextManager:
+    """``node``'s link down (a dark link: nothing answers, nothing is closed), up again at the end."""
+    @contextlib.contextmanager
+    def cut():
+        n = next(n for n in c.bed.state.nodes if n.name == node)
+        run("ip", "link", "set", n.veth, "down")
+        try:
+            yield
+        finally:
+            run("ip", "link", "set", n.veth, "up")
+            c.bed.wait_ssh(n)
+    return cut()
 
 
 def epoch_lines(said: TimedOutput) -> list[tuple[float, dict]]:

@@ -66,20 +66,27 @@ if ps_tasks:
 
     train = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
     steps = args.images // args.batch  # each a batch on whichever worker takes it
-    rank, fit_kw, eval_kw = 0, {}, {"steps": len(xt) // 500}
+    rank, fit_kw, eval_kw, initial_epoch = 0, {}, {"steps": len(xt) // 500}, 0
 else:
     import horovod.tensorflow.keras as hvd
+
+    import edgetrain.callbacks as et
 
     hvd.init()
     workers, rank = hvd.size(), hvd.rank()
     model = build()
-    model.compile(optimizer=hvd.DistributedOptimizer(sgd(args.lr * workers)), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    optimizer = sgd(args.lr * workers)
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     train = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, rank).shuffle(len(x) // workers).repeat().batch(args.batch).prefetch(2)
     steps = args.images // (args.batch * workers)  # each a batch on every worker
-    fit_kw, eval_kw = {"callbacks": [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]}, {}
+    # A checkpoint an epoch (edgetrain's, rank 0's), so that --max-restarts can resume the run on
+    # the nodes left after one is lost; the broadcast gives every rank rank 0's restored weights.
+    state = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    initial_epoch = et.restore(state)
+    fit_kw, eval_kw = {"callbacks": [hvd.callbacks.BroadcastGlobalVariablesCallback(0), et.Checkpoints(state)]}, {}
 
 first = None
-for epoch in range(1, args.epochs + 1):
+for epoch in range(initial_epoch + 1, args.epochs + 1):
     start = time.monotonic()
     first = first or start
     model.fit(train, epochs=epoch, initial_epoch=epoch - 1, steps_per_epoch=steps, verbose=0, **fit_kw)

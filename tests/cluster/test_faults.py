@@ -21,7 +21,7 @@ from edgetrain.controller import preflight
 from tests.conftest import ROOT, descendants, edgetrain, sigint_default
 
 from .conftest import Cluster
-from .long_run import LEASE, NP, STEPS, LongRun, TimedOutput, fault_cluster, gone_within, resume_completes, saved
+from .long_run import LEASE, NP, STEPS, LongRun, TimedOutput, cut_link, fault_cluster, gone_within, resume_completes, saved
 from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -232,19 +232,6 @@ def ps_faults(cluster) -> Cluster:
     a worker on each of node2 and node3."""
     return Cluster(cluster.bed, cluster.docker_inventory("docker-ps-faults.yml", head_slots=2, edgetrain_lease_seconds=LEASE),
                    cluster.env, cluster.runs)
-
-
-def cut_link(c: Cluster, node: str) -> contextlib.AbstractContextManager:
-    @contextlib.contextmanager
-    def cut():
-        n = next(n for n in c.bed.state.nodes if n.name == node)
-        run("ip", "link", "set", n.veth, "down")
-        try:
-            yield
-        finally:
-            run("ip", "link", "set", n.veth, "up")
-            c.bed.wait_ssh(n)
-    return cut()
 
 
 EPOCHS = 12
