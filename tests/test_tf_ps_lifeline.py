@@ -64,6 +64,20 @@ def test_arm_sets_the_kernels_limits_on_this_process_s_connections_to_a_task_and
             s.close()
 
 
+def test_a_worker_is_silent_only_if_its_lifeline_holds_nothing_once_the_silence_has_passed():
+    chief_end, server_end = socket.socketpair()
+    try:
+        long_ago = time.monotonic() - 2 * tf_ps.SILENCE_S
+        assert not tf_ps.silent(chief_end, time.monotonic())  # not long enough
+        assert tf_ps.silent(chief_end, long_ago)
+        # Beats that came while the chief's thread could not run (TensorFlow held the GIL): alive.
+        server_end.sendall(b".")
+        assert not tf_ps.silent(chief_end, long_ago)
+    finally:
+        chief_end.close()
+        server_end.close()
+
+
 OPEN: list[socket.socket] = []
 LISTENING: list[socket.socket] = []  # each test's task, which a worker cut off goes on being cut off from
 HEARD = threading.Event()  # set at the end: the chief's threads that go on cutting a worker off stop

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -142,10 +143,18 @@ def _beats(conn: socket.socket, meanwhile) -> str:
                 return "its lifeline closed"
             heard = time.monotonic()
         except socket.timeout:
-            if time.monotonic() - heard >= SILENCE_S:
+            if silent(conn, heard):
                 return f"silent for {SILENCE_S:.0f} s"
         except OSError as exc:
             return f"its lifeline failed ({exc})"
+
+
+def silent(conn: socket.socket, heard: float) -> bool:
+    """Whether a server last heard at ``heard`` is silent: SILENCE_S gone by and nothing waiting
+    on its lifeline. The socket decides, not the clock alone: while TensorFlow holds the GIL this
+    thread does not run, and a live worker's beats wait in the socket meanwhile; by the clock,
+    every worker would be silent after such a wait, and a live one cut off."""
+    return time.monotonic() - heard >= SILENCE_S and not select.select([conn], [], [], 0)[0]
 
 
 def _connections(task: str):
