@@ -6,12 +6,18 @@ target. The built-in jobs use exactly this.
 
     import edgetrain.callbacks as et
 
+    optimizer.build(model.trainable_variables)     # on every rank, before rank 0 restores it (below)
     state = tf.train.Checkpoint(model=model, optimizer=optimizer)
     initial_epoch = et.restore(state)              # the checkpoint `edgetrain run --resume` names, else 0
     model.fit(..., initial_epoch=initial_epoch,
               callbacks=[*horovod_callbacks, *et.callbacks(state, batch_size=64, target_accuracy=0.99)])
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
+
+Build the optimizer before the restore: Horovod's broadcast callback sends every rank's model and
+optimizer variables, and an optimizer that makes them lazily (Keras' legacy ones) holds restored
+variables on rank 0 only. A resumed run written that way (legacy SGD with momentum) hung in that
+broadcast.
 """
 
 from __future__ import annotations

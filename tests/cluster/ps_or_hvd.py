@@ -75,12 +75,16 @@ else:
     hvd.init()
     workers, rank = hvd.size(), hvd.rank()
     model = build()
-    optimizer = sgd(args.lr * workers)
+    # Keras' SGD, not the legacy one tf-ps needs (same update): built before rank 0 restores it,
+    # every rank holds the same variables for Horovod's broadcast. The legacy optimizer makes its
+    # variables lazily, and a resumed run hung in that broadcast (the ranks' variables differed).
+    optimizer = tf.keras.optimizers.SGD(args.lr * workers, momentum=0.9)
     model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     train = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, rank).shuffle(len(x) // workers).repeat().batch(args.batch).prefetch(2)
     steps = args.images // (args.batch * workers)  # each a batch on every worker
     # A checkpoint an epoch (edgetrain's, rank 0's), so that --max-restarts can resume the run on
     # the nodes left after one is lost; the broadcast gives every rank rank 0's restored weights.
+    optimizer.build(model.trainable_variables)
     state = tf.train.Checkpoint(model=model, optimizer=optimizer)
     initial_epoch = et.restore(state)
     fit_kw, eval_kw = {"callbacks": [hvd.callbacks.BroadcastGlobalVariablesCallback(0), et.Checkpoints(state)]}, {}
