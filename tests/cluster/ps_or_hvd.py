@@ -68,6 +68,7 @@ if ps_tasks:
     steps = args.images // args.batch  # each a batch on whichever worker takes it
     rank, fit_kw, eval_kw, initial_epoch = 0, {}, {"steps": len(xt) // 500}, 0
 else:
+    import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
 
     import edgetrain.callbacks as et
@@ -87,6 +88,10 @@ else:
     optimizer.build(model.trainable_variables)
     state = tf.train.Checkpoint(model=model, optimizer=optimizer)
     initial_epoch = et.restore(state)
+    # Rank 0's restored state on every rank before the first step, the momentum's slots included
+    # (as the built-in job does): otherwise the ranks' weights part after a resume.
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
     fit_kw, eval_kw = {"callbacks": [hvd.callbacks.BroadcastGlobalVariablesCallback(0), et.Checkpoints(state)]}, {}
 
 first = None
@@ -95,10 +100,12 @@ for epoch in range(initial_epoch + 1, args.epochs + 1):
     first = first or start
     model.fit(train, epochs=epoch, initial_epoch=epoch - 1, steps_per_epoch=steps, verbose=0, **fit_kw)
     trained = time.monotonic() - start
-    # Every Horovod rank scores the same weights, so all stop after the same epoch.
     _, accuracy = model.evaluate(test, verbose=0, **eval_kw)
     if rank == 0:
         print(json.dumps({"event": "epoch", "epoch": epoch, "workers": workers, "images_per_sec": steps * args.batch * (1 if ps_tasks else workers) / trained,
                           "test_accuracy": accuracy, "seconds_from_first_step": time.monotonic() - first}), flush=True)
-    if args.target is not None and accuracy >= args.target:
+    reached = args.target is not None and accuracy >= args.target
+    if not ps_tasks:  # rank 0's verdict on every rank, so that all stop after the same epoch
+        reached = bool(hvd_tf.broadcast(tf.constant(reached), 0, name="reached").numpy())
+    if reached:
         break
