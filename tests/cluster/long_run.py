@@ -84,18 +84,16 @@ def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=Non
     return said, start
 
 
-def cut_link(c: Cluster, node: str) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def cut_link(c: Cluster, node: str):
     """``node``'s link down (a dark link: nothing answers, nothing is closed), up again at the end."""
-    @contextlib.contextmanager
-    def cut():
-        n = next(n for n in c.bed.state.nodes if n.name == node)
-        run("ip", "link", "set", n.veth, "down")
-        try:
-            yield
-        finally:
-            run("ip", "link", "set", n.veth, "up")
-            c.bed.wait_ssh(n)
-    return cut()
+    n = next(n for n in c.bed.state.nodes if n.name == node)
+    run("ip", "link", "set", n.veth, "down")
+    try:
+        yield
+    finally:
+        run("ip", "link", "set", n.veth, "up")
+        c.bed.wait_ssh(n)
 
 
 def epoch_lines(said: TimedOutput) -> list[tuple[float, dict]]:
