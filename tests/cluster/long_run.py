@@ -60,11 +60,11 @@ class TimedOutput:
         return "".join(f"{t - since:7.1f} {line}" for t, line in self.timed)
 
 
-def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=None) -> tuple[TimedOutput, float]:
+def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=None, every: float = 0.5) -> tuple[TimedOutput, float]:
     """``edgetrain run ARGS`` to its end, which must be success: its output, every line timed, and
     the monotonic time it was started (what the benches time from). ``meanwhile(output, undo)``,
-    if given, is called every half second while it runs; what it enters on ``undo`` (a link cut)
-    is undone once the run has ended."""
+    if given, is called every ``every`` seconds while it runs; what it enters on ``undo`` (a link
+    cut) is undone once the run has ended."""
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, env={**os.environ, **cluster.env}, preexec_fn=sigint_default)
@@ -74,7 +74,7 @@ def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=Non
             while proc.poll() is None and time.monotonic() - start < timeout:
                 if meanwhile:
                     meanwhile(said, undo)
-                time.sleep(0.5)
+                time.sleep(every)
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)

@@ -11,17 +11,15 @@ import contextlib
 import os
 import pwd
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from edgetrain.controller import preflight
-from tests.conftest import ROOT, descendants, edgetrain, sigint_default
+from tests.conftest import ROOT, descendants, edgetrain
 
 from .conftest import Cluster
-from .long_run import LEASE, NP, STEPS, LongRun, TimedOutput, cut_link, fault_cluster, gone_within, resume_completes, saved
+from .long_run import LEASE, NP, STEPS, LongRun, completed, cut_link, fault_cluster, gone_within, resume_completes, saved
 from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -266,36 +264,26 @@ def test_a_parameter_server_run_goes_on_without_a_lost_worker(ps_faults, report,
     done, the servers serving until the chief's end, the chief's model saved, nothing left behind."""
     c = ps_faults
     before, link_before = c.run_ids(), c.bed.link_bytes()
-    cmd = [sys.executable, "-m", "edgetrain", "run", str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4",
-           "--strategy", "tf-ps", "--ps", "1", "--dataset", "fashion-mnist", "-i", c.inventory, "--", "--epochs", str(EPOCHS),
-           "--steps-per-epoch", str(STEPS_PER_EPOCH)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **c.env},
-                            preexec_fn=sigint_default)
-    said = TimedOutput(proc)
-    with contextlib.ExitStack() as undo:
-        try:
-            deadline = time.monotonic() + 600
-            rid = None
-            while not when(said):  # polled often: the example's epochs take half a second
-                assert proc.poll() is None and time.monotonic() < deadline, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
-                if rid is None and said.said(f"Epoch 1/{EPOCHS}") is not None:
-                    rid = c.new_run(before)
-                time.sleep(0.05)
-            rid = rid or c.new_run(before)
-            lost_at = time.monotonic()
-            if how == "container killed":
-                c.docker("node3", "kill", f"edgetrain-{rid}")
-            else:
-                undo.enter_context(cut_link(c, "node3"))
-            code = proc.wait(timeout=900)
-            ended = time.monotonic()
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=120)
-        said.caught_up()
+    lost: list[float] = []
+
+    def lose(said, undo) -> None:
+        if lost or not when(said):
+            return
+        lost.append(time.monotonic())
+        if how == "container killed":
+            c.docker("node3", "kill", f"edgetrain-{c.new_run(before)}")
+        else:
+            undo.enter_context(cut_link(c, "node3"))
+
+    # Polled often: the example's epochs take half a second.
+    said, _ = completed(c, str(ROOT / "examples" / "parameter_server" / "train.py"), "--np", "4", "--strategy", "tf-ps", "--ps", "1",
+                        "--dataset", "fashion-mnist", "-i", c.inventory, "--", "--epochs", str(EPOCHS),
+                        "--steps-per-epoch", str(STEPS_PER_EPOCH), timeout=1500, meanwhile=lose, every=0.05)
+    ended = time.monotonic()
+    rid = c.new_run(before)
     console = "".join(said.out) + "".join(said.err)
-    assert code == 0, console[-5000:]
+    assert lost, console[-5000:]
+    lost_at = lost[0]
     noticed = said.said("the run goes on without its worker 1 (rank 3)")
     assert noticed is not None and "edgetrain: node3: " in console, console[-5000:]
     after = [line for t, line in list(said.timed) if t > lost_at and line.startswith("Epoch ")]

@@ -41,11 +41,15 @@ class Result:
     rate: float  # img/s of the last epoch's training
     accuracy: list[float]
     losses: list[str]  # what edgetrain said of a node lost: a restart, or going on without it
+    # MB through each node's link during the run: under tf-ps a worker's share of the steps, since
+    # each step pulls the variables and pushes a gradient of the same size (the script counts none)
+    moved: dict[str, float]
 
     def __str__(self) -> str:
         reached = f"{TARGET:.0%} in {self.to_target:.1f} s ({self.epochs} epochs)" if self.to_target else f"{TARGET:.0%} not reached in {self.epochs} epochs"
-        return f"{reached}, {self.rate:.0f} img/s, test " + " / ".join(f"{a:.2%}" for a in self.accuracy) + "".join(
-            f" [{line}]" for line in self.losses)
+        return (f"{reached}, {self.rate:.0f} img/s, test " + " / ".join(f"{a:.2%}" for a in self.accuracy)
+                + ", link MB " + " / ".join(f"{name} {mb:.0f}" for name, mb in self.moved.items())
+                + "".join(f" [{line}]" for line in self.losses))
 
 
 CUT_AFTER = 2  # case (c): the chief's epoch after which the last node's link goes dark
@@ -59,12 +63,15 @@ def run(cluster, inventory: str, *how: str, cut: str | None = None) -> Result:
             done.append(cut)
             undo.enter_context(cut_link(cluster, cut))
 
+    link_before = cluster.bed.link_bytes()
     said, start = completed(cluster, str(SCRIPT), *how, "-i", inventory, "--dataset", "fashion-mnist", "--hang-timeout", "900",
                             "--", *ARGS, timeout=TIMEOUT, meanwhile=cut_after_epoch)
     epochs = epoch_lines(said)
     hit = next((t for t, e in epochs if e["test_accuracy"] >= TARGET), None)
     losses = [f"{t - start:.0f} s: {line.strip()}" for t, line in list(said.timed) if "restarting on" in line or "goes on without" in line]
-    return Result(hit and hit - start, len(epochs), epochs[-1][1]["images_per_sec"], [e["test_accuracy"] for _, e in epochs], losses)
+    moved = {name: (sent - link_before[name]) / 1e6 for name, sent in cluster.bed.link_bytes().items()}
+    return Result(hit and hit - start, len(epochs), epochs[-1][1]["images_per_sec"], [e["test_accuracy"] for _, e in epochs], losses,
+                  moved)
 
 
 @pytest.mark.parametrize("case", ["equal", "straggler", "link cut"])
