@@ -2,8 +2,8 @@
 under ``tf-ps`` on the emulated Pi 4 nodes, (a) all nodes equal, (b) the last node's CPU quota
 halved (a straggler), (c) the last node's link cut after the chief's second epoch (Horovod with
 ``--max-restarts 1`` resumes on the nodes left from its newest checkpoint; tf-ps goes on without
-the worker) - the time from the command to the target test accuracy, the epochs it took, and the
-img/s. One script both ways (ps_or_hvd.py).
+the worker) - the time from the command to the target test accuracy, the epochs it took, the
+img/s, and the MB through each node's link. One script both ways (ps_or_hvd.py).
 
 Horovod trains on every node, one rank each. tf-ps puts the chief and one parameter server on the
 first node (they train nothing) and a worker on each other node: the layout TensorFlow's guide
