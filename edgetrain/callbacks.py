@@ -14,10 +14,10 @@ target. The built-in jobs use exactly this.
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
 
-Build the optimizer before the restore: Horovod's broadcast callback sends every rank's model and
-optimizer variables, and an optimizer that makes them lazily (Keras' legacy ones) holds restored
-variables on rank 0 only. A resumed run written that way (legacy SGD with momentum) hung in that
-broadcast.
+``optimizer`` is the one ``compile`` is given: under Horovod, ``hvd.DistributedOptimizer(opt)``,
+not ``opt`` (Horovod's wrapper is a copy, so ``opt`` itself never trains). Build it before the
+restore: a resumed run that restored Keras' legacy SGD with momentum, unbuilt, hung in Horovod's
+broadcast; with Keras' SGD built first it did not.
 """
 
 from __future__ import annotations
