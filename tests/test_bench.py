@@ -225,6 +225,17 @@ def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_jus
     assert args[args.index("--eval-every") + 1] == "240"
 
 
+def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_path):
+    # fashion, batch 32: epochs of 1875 / 937 / 625 steps at 1 / 2 / 3 nodes, all cut to 200; by the
+    # whole epoch only three nodes would have evaluated before the end (at 160), and E(3) would have
+    # set a steady rate against warm-up-laden ones.
+    b = bench.Bench(bench.BenchRequest("fashion", runs_dir=tmp_path / "runs", options=JobOptions(max_steps=200)))
+    for n in (1, 2, 3):
+        args = list(b.program_for(n).args)
+        every = int(args[args.index("--eval-every") + 1])
+        assert every == bench.evaluation_interval(200, JobOptions().steps_per_execution) and 200 // every >= 3, (n, every)
+
+
 def test_a_torch_script_is_benched_under_the_torch_strategy(tmp_path):
     # edgetrain.ddp's records: img/s from its epochs, the time to the target from its evaluations.
     root = tmp_path / "runs"

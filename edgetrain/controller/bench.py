@@ -320,6 +320,10 @@ class Bench:
             return self.program
         o = self.req.options
         steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
+        # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
+        # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
+        # a steady rate at more nodes (docs/scaling.md, the fashion model).
+        steps = min(steps, o.max_steps) if o.max_steps else steps
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
