@@ -72,6 +72,7 @@ else:
     import horovod.tensorflow.keras as hvd
 
     import edgetrain.callbacks as et
+    from edgetrain import tracing
 
     hvd.init()
     workers, rank = hvd.size(), hvd.rank()
@@ -80,19 +81,22 @@ else:
     # every rank holds the same variables for Horovod's broadcast. The legacy optimizer makes its
     # variables lazily, and a resumed run hung in that broadcast (the ranks' variables differed).
     optimizer = tf.keras.optimizers.SGD(args.lr * workers, momentum=0.9)
-    model.compile(optimizer=hvd.DistributedOptimizer(optimizer), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    # Horovod's wrapper is a copy: it is the optimizer that trains, so it is the one checkpointed
+    # and broadcast, as in the built-in job (edgetrain.rank.training).
+    opt = hvd.DistributedOptimizer(optimizer)
+    tracing.allreduce_without_autograph(opt)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     train = tf.data.Dataset.from_tensor_slices((x, y)).shard(workers, rank).shuffle(len(x) // workers).repeat().batch(args.batch).prefetch(2)
     steps = args.images // (args.batch * workers)  # each a batch on every worker
     # A checkpoint an epoch (edgetrain's, rank 0's), so that --max-restarts can resume the run on
-    # the nodes left after one is lost; the broadcast gives every rank rank 0's restored weights.
-    optimizer.build(model.trainable_variables)
-    state = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    # the nodes left after one is lost; the broadcast gives every rank rank 0's restored state,
+    # momentum included, before the first step.
+    opt.build(model.trainable_variables)
+    state = tf.train.Checkpoint(model=model, optimizer=opt)
     initial_epoch = et.restore(state)
-    # Rank 0's restored state on every rank before the first step, the momentum's slots included
-    # (as the built-in job does): otherwise the ranks' weights part after a resume.
     hvd_tf.broadcast_variables(model.variables, root_rank=0)
-    hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
-    fit_kw, eval_kw = {"callbacks": [hvd.callbacks.BroadcastGlobalVariablesCallback(0), et.Checkpoints(state)]}, {}
+    hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
+    fit_kw, eval_kw = {"callbacks": [et.Checkpoints(state)]}, {}
 
 first = None
 for epoch in range(initial_epoch + 1, args.epochs + 1):
