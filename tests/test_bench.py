@@ -52,14 +52,33 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     # when nothing hides it, only the wait when the step hides it all.
     e = bench.predict(64 / 250, ar)
     assert (e.low, e.high) == pytest.approx((0.256 / 0.356, 0.256 / 0.276))
-    # Without a model (a script), the estimate is the band's middle.
-    assert e.expected == pytest.approx((0.256 / 0.356 + 0.256 / 0.276) / 2)
+    # Without a model (a script), the estimate hides half of the allreduce.
+    assert e.expected == pytest.approx(0.256 / (0.256 + 0.100 - 0.040))
     # Accumulating two batches per allreduce halves what it adds to a step.
     assert bench.predict(64 / 250, ar, backward_passes=2).low == pytest.approx(0.256 / 0.306)
     # A step cannot hide an allreduce longer than itself: the excess stays exposed.
     slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)
     assert bench.predict(64 / 250, slow).high == pytest.approx(0.256 / (0.256 + 0.144 + 0.020))
+
+
+def test_a_node_whose_training_fills_its_cpu_pays_for_communicating_even_when_the_allreduce_is_hidden():
+    # 50 ms of CPU per allreduce, and 20 ms a second between allreduces (Horovod's cycle).
+    ar = bench.Allreduce(nodes=2, bytes=690_000, seconds=0.020, cpu_seconds=0.050, latency_seconds=0.001, run="r",
+                         cycle_seconds=0.010, idle_cpu_per_second=0.020)
+    step = 0.500
+    assert ar.cpu_per_update(step) == pytest.approx(0.050 + 0.010)
+    free = bench.predict(step, ar)
+    # An emulated Pi's training keeps 0.2 of a core busy: 60 ms of CPU there is 300 ms of its training.
+    quota = bench.predict(step, ar, cores=0.2)
+    assert quota.low == pytest.approx(step / (step + 0.025 + 0.300))
+    assert quota.expected == pytest.approx(step / (step + 0.025 - 0.010 + 0.300))
+    # The band's top is the communication on CPU the training leaves idle: unchanged.
+    assert quota.high == free.high == pytest.approx(step / (step + 0.005))
+    # A Pi's training on four cores pays a twentieth of that; unknown cores, nothing.
+    four = bench.predict(step, ar, cores=4)
+    assert four.expected == pytest.approx(step / (step + 0.015 + 0.015))
+    assert quota.expected < four.expected < free.expected == pytest.approx(step / (step + 0.015))
 
 
 def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolutions_to_hide_it():
@@ -268,3 +287,19 @@ def test_the_torch_probe_times_torchs_own_allreduce_between_two_ranks(tmp_path, 
     [e] = [e for e in seen if e["event"] == "allreduce"]
     assert (e["ranks"], e["bytes"], e["fp16"], e["transport"], e["cycle_seconds"]) == (2, 400_000, fp16, "gloo", 0.0)
     assert 0 < e["latency_seconds"] < 10 and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0
+    # DDP has no background loop: between allreduces its process idles (well under a tenth of a core).
+    assert 0 <= e["idle_cpu_per_second"] < 0.1
+
+
+@pytest.mark.mpi
+def test_horovods_probe_prices_its_cycle_between_allreduces(tmp_path):
+    req = launch.RunRequest(program=Program("allreduce", ("--bytes", "400000"), module=STRATEGIES["horovod"].probe),
+                            np=2, runs_dir=tmp_path / "runs", log=lambda line: None)
+    seen: list[dict] = []
+    outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
+    assert outcome.state is runs.Status.COMPLETED, outcome.error
+    [e] = [e for e in seen if e["event"] == "allreduce"]
+    assert (e["ranks"], e["bytes"]) == (2, 400_000) and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0
+    # Each turn of the cycle coordinates the two ranks with nothing to send: some CPU, at most the
+    # background thread's one core (MPI, the transport on one host, polls while it waits).
+    assert 0 < e["idle_cpu_per_second"] <= 1.05, e

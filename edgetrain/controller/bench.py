@@ -14,10 +14,14 @@ script with ``--strategy torch``):
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
       slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
-      hide, over the steps it is shared by (``backward_passes_per_step``). A band - nothing
-      hidden, all of it hidden - and inside it the estimate: for a built-in job, from when
-      backprop produces each gradient (``edgetrain.controller.overlap``); for a script, the band's middle.
-      Printed, then set beside the measurement;
+      hide, over the steps it is shared by (``backward_passes_per_step``), plus the CPU the
+      communication takes from the training (its CPU seconds over the cores one node's training
+      keeps busy: on a node whose training fills its CPU, a hidden allreduce still costs its CPU).
+      A band - nothing hidden and every CPU second of communicating taken from the training, all
+      of it hidden on CPU the training leaves idle - and inside it the estimate: for a built-in job,
+      from when backprop produces each gradient (``edgetrain.controller.overlap``); for a script,
+      half of the allreduce hidden. Both estimates pay the CPU. Printed, then set beside the
+      measurement;
   (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
@@ -81,6 +85,7 @@ class Allreduce:
     run: str
     transport: str = "mpi"  # whose collectives Horovod used: gloo or mpi
     cycle_seconds: float = 0.001  # the launch's Horovod cycle (the probe times its own short one)
+    idle_cpu_per_second: float = 0.0  # the busiest rank's CPU per second between allreduces, at that cycle
 
     @property
     def mb_per_s(self) -> float:
@@ -91,6 +96,11 @@ class Allreduce:
         """What one gradient allreduce adds to a training step: the transfer, and on average half
         a cycle's wait for Horovod's next turn (a step's gradients arrive at no particular point of it)."""
         return self.seconds + self.cycle_seconds / 2
+
+    def cpu_per_update(self, update_seconds: float) -> float:
+        """A rank's communication CPU over an update of that length: the allreduce's, and its
+        threads' between allreduces (Horovod's cycle turns while the training computes)."""
+        return self.cpu_seconds + self.idle_cpu_per_second * update_seconds
 
 
 @dataclass
@@ -160,24 +170,29 @@ class Prediction:
     runs; how much that hides depends on the order the model produces its bytes in (LeNet's Dense
     kernel first), which one node's step time does not tell, but its layers do."""
 
-    low: float  # nothing hidden: compute, then the allreduce, then half a cycle's wait
-    high: float  # the allreduce hidden behind the step's compute, up to its length
-    expected: float  # from when backprop produces each gradient, or the band's middle without a model
+    low: float  # nothing hidden: compute, the allreduce, half a cycle's wait, and the communication's CPU
+    high: float  # the allreduce hidden behind the step's compute, up to its length, its CPU free
+    expected: float  # from when backprop produces each gradient (half hidden without a model), its CPU paid
 
 
 def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
-            gradients: list[overlap.Gradient] | None = None) -> Prediction:
+            gradients: list[overlap.Gradient] | None = None, cores: float | None = None) -> Prediction:
     """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
     of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
-    last of them hides any of it."""
+    last of them hides any of it.
+
+    ``cores``: the CPU one node's training keeps busy (its img/s over its img/CPU-s). Where the
+    training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
+    the communication spends is a CPU second the training waits for, hidden allreduce or not: the
+    communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
+    CPU): the communication is taken to run on CPU the training leaves idle."""
     update = step_seconds * backward_passes
+    paid = ar.cpu_per_update(update) / cores if cores else 0.0
     hidden = min(ar.seconds, update)
-    low = update / (update + ar.per_update)
+    low = update / (update + ar.per_update + paid)
     high = update / (update + ar.per_update - hidden)
-    if not gradients:
-        return Prediction(low, high, (low + high) / 2)
-    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds)
-    return Prediction(low, high, update / (update + late))
+    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds) if gradients else ar.per_update - hidden / 2
+    return Prediction(low, high, update / (update + late + paid))
 
 
 def evaluation_interval(steps: int, steps_per_execution: int, per_epoch: int = 4) -> int:
@@ -310,7 +325,8 @@ class Bench:
             raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.error or outcome.state.value})",
                                  f"its logs: {run.path}")
         e = found[-1]
-        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"])
+        return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"],
+                         e["idle_cpu_per_second"])
 
     def program_for(self, n: int, attempt: int = 1) -> Program:
         """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
@@ -379,7 +395,8 @@ class Bench:
         for n in (n for n in self.nodes if n > 1):
             ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
             log(f"(a) allreduce on {n} nodes ({ar.transport}): {ar.seconds * 1e3:.1f} ms ({ar.mb_per_s:.0f} MB/s of gradient), "
-                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
+                f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, and {ar.idle_cpu_per_second * 1e3:.1f} ms a second between allreduces; "
+                f"latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
             self.save()
         for attempt in range(1, req.repeat + 1):
             for n in self.nodes:
@@ -417,16 +434,25 @@ class Bench:
             return _median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
         return _median([t.images_per_sec for t in self._trials(1)])
 
+    def busy_cores(self) -> float | None:
+        """The CPU one node's training keeps busy: its img/s over its img/CPU-s, the one-node runs'
+        median (None where the runs do not clock their CPU)."""
+        return _median([t.images_per_sec / t.images_per_cpu_second for t in self._trials(1)
+                        if t.images_per_sec and t.images_per_cpu_second])
+
     def _predict(self) -> None:
         one = _median([t.images_per_sec for t in self._trials(1)])
         if one is None:
             return
         step = self.batch_size() / one
+        cores = self.busy_cores()
         for n, ar in self.allreduce.items():
-            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients)
-        how = "when backprop produces each gradient" if self.gradients else "the middle of the band"
-        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a) and {how}; "
-                     "in brackets, nothing to all of the allreduce hidden behind the step: "
+            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients, cores)
+        how = "when backprop produces each gradient" if self.gradients else "half of the allreduce hidden"
+        cpu = (f"the communication's CPU taken from the training's {cores:.2f} cores" if cores
+               else "the communication's CPU not counted (the one-node run did not clock its CPU)")
+        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a), {how} and {cpu}; "
+                     "in brackets, nothing hidden and its CPU paid to all of it hidden and its CPU free: "
                      + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
 
     def batch_size(self) -> int:
@@ -455,6 +481,7 @@ class Bench:
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
+            "busy_cores": self.busy_cores(),
             "allreduce": [asdict(a) for a in self.allreduce.values()],
             "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},
             "predicted_range": {n: [e.low, e.high] for n, e in self.predicted.items()},

@@ -5,7 +5,8 @@ allreduces a float32 tensor of that size (and an 8-byte one, for latency) throug
 figures include its background thread, its negotiation and MPICH's algorithm on these links and
 CPUs (Gloo's or MPICH's, whichever the launch gave Horovod). Rank 0 reports, as an ``allreduce`` event: wall seconds per operation (the slowest rank's)
 and the CPU seconds a rank's process spent per operation (all its threads: the polling included),
-the busiest rank's.
+the busiest rank's; and the CPU a rank's process spends per second between operations, at the
+training's cycle (each turn of Horovod's cycle coordinates with every rank, sent or not).
 """
 
 from __future__ import annotations
@@ -50,11 +51,19 @@ def main(argv: list[str] | None = None) -> None:
     grad = tf.ones([max(1, args.bytes // 4)], dtype=tf.float32)
     wall, cpu = _time(grad, args.iters, compression, "edgetrain.bench.gradient")
     small_wall, _ = _time(tf.ones([2], dtype=tf.float32), 50, hvd.Compression.none, "edgetrain.controller.bench.latency")
+    idle = allreduce_probe.idle_cpu_per_second(lambda: hvd.allreduce(tf.constant(0.0), name="edgetrain.bench.idle"))
+    idle = float(hvd.allreduce(tf.constant(idle, dtype=tf.float64), op=hvd.Max, name="edgetrain.bench.idle.max"))
+    # Measured at the probe's cycle. Gloo blocks while a turn waits for the other ranks, so every
+    # turn costs about the same CPU and the training's cycle pays it (probe / training cycle) times
+    # as often; MPI polls while it waits, so its CPU follows the time spent waiting, not the turns.
+    if hvd.gloo_enabled():
+        idle *= PROBE_CYCLE_MS / cycle_ms
     check = hvd.allreduce(tf.ones([4]), op=hvd.Sum, name="edgetrain.bench.check")
     if not bool(tf.reduce_all(check == hvd.size())):
         raise SystemExit(f"allreduce returned {check.numpy()}, expected {hvd.size()} everywhere")
     events().emit("allreduce", ranks=hvd.size(), bytes=args.bytes, fp16=args.fp16, iters=args.iters,
-                  seconds=wall, cpu_seconds=cpu, latency_seconds=small_wall, transport="gloo" if hvd.gloo_enabled() else "mpi", cycle_seconds=cycle_ms / 1e3)
+                  seconds=wall, cpu_seconds=cpu, latency_seconds=small_wall, transport="gloo" if hvd.gloo_enabled() else "mpi", cycle_seconds=cycle_ms / 1e3,
+                  idle_cpu_per_second=idle)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import argparse
 import resource
+import time
+from collections.abc import Callable
+
+# Long enough for a hundred turns of Horovod's cycle at its default, short beside a probe's start.
+IDLE_SECONDS = 1.0
 
 
 def parse(prog: str, argv: list[str] | None, fp16: str) -> argparse.Namespace:
@@ -21,3 +26,13 @@ def cpu_seconds() -> float:
     """This process's CPU time, every thread's (the communication's polling included)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def idle_cpu_per_second(barrier: Callable[[], object], seconds: float = IDLE_SECONDS) -> float:
+    """This process's CPU seconds per second with nothing to communicate, after ``barrier`` has
+    lined the ranks up: what the communication's threads cost while the training computes
+    (Horovod's cycle coordinates with every rank at each turn, sent or not)."""
+    barrier()
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    time.sleep(seconds)
+    return (cpu_seconds() - cpu) / (time.perf_counter() - wall)

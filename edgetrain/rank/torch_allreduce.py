@@ -5,8 +5,9 @@ probe for ``--strategy torch``, the counterpart of ``edgetrain.rank.allreduce`` 
 the process group from the environment the strategy set (Gloo on CPU nodes, NCCL where there are
 GPUs), every rank allreduces a float32 tensor of that size (and an 8-byte one, for latency), and
 rank 0 reports an ``allreduce`` event with the same figures as Horovod's probe: wall seconds per
-operation (the slowest rank's) and CPU seconds per operation (the busiest rank's, all threads).
-DDP has no cycle to wait for: a bucket's allreduce starts as soon as backprop has filled it.
+operation (the slowest rank's), CPU seconds per operation (the busiest rank's, all threads) and
+per second between operations. DDP has no cycle to wait for: a bucket's allreduce starts as soon
+as backprop has filled it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     wire = torch.float16 if args.fp16 else torch.float32
     wall, cpu = _time(torch.zeros(max(1, args.bytes // 4), dtype=wire, device=device), args.iters)
     small_wall, _ = _time(torch.zeros(2, device=device), 50)
+    idle = torch.tensor(allreduce_probe.idle_cpu_per_second(dist.barrier), dtype=torch.float64)
+    dist.all_reduce(idle, op=dist.ReduceOp.MAX)
     check = torch.ones(4, device=device)
     dist.all_reduce(check)
     size = dist.get_world_size()
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"allreduce returned {check.tolist()}, expected {size} everywhere")
     rank0_events(dist.get_rank()).emit(
         "allreduce", ranks=size, bytes=args.bytes, fp16=args.fp16, iters=args.iters, seconds=wall, cpu_seconds=cpu,
-        latency_seconds=small_wall, transport=dist.get_backend(), cycle_seconds=0.0)
+        latency_seconds=small_wall, transport=dist.get_backend(), cycle_seconds=0.0,
+        idle_cpu_per_second=float(idle))
     dist.destroy_process_group()
 
 

@@ -39,7 +39,8 @@ SCHEMA: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]
     "finished": ({}, {}),
     "failed": ({"rank": (int,), "host": (str,), "error": (str,)}, {"fix": (str, type(None)), "kind": (str,)}),
     "lost": ({"host": (str,), "ranks": (list,), "why": (str,)}, {}),  # edgetrain.rank.hostjobs': a job the run goes on without
-    "allreduce": ({k: NUMBER for k in ("ranks", "bytes", "iters", "seconds", "cpu_seconds", "latency_seconds", "cycle_seconds")},
+    "allreduce": ({k: NUMBER for k in ("ranks", "bytes", "iters", "seconds", "cpu_seconds", "latency_seconds", "cycle_seconds",
+                                        "idle_cpu_per_second")},
                   {"fp16": (bool,), "transport": (str,)}),
 }
 

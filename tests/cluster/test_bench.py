@@ -45,8 +45,12 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     assert ar["transport"] == "gloo"  # the default on several CPU nodes
     # Not latency < seconds: on CPU nodes both wait for Horovod's 100 ms cycle, which can dominate.
     assert 0 < ar["latency_seconds"] < 10 and 0 < ar["seconds"] < 10 and ar["cpu_seconds"] > 0
+    # Gloo's turns of Horovod's cycle between allreduces: some CPU, not a core's worth.
+    assert 0 < ar["idle_cpu_per_second"] < 1
     points = {p["nodes"]: p for p in body["points"]}
     assert points[1]["efficiency"] == pytest.approx(1.0)
+    # The prediction charged the communication's CPU to the cores one node's training kept busy.
+    assert body["busy_cores"] > 0 and "the communication's CPU taken from the training's" in out
     assert 0 < points[2]["efficiency"] and 0 < points[2]["predicted_efficiency"] < 1
     for p in points.values():
         (trial,) = p["trials"]
