@@ -120,6 +120,17 @@ def _run_with(path, records: list[dict]) -> runs.Run:
     return run
 
 
+def test_the_cores_a_runs_training_keeps_busy_come_from_its_last_evaluation(tmp_path):
+    # Two ranks, one a node: 30 CPU-s in 60 s of training steps is a quarter of a core on each.
+    evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "train_seconds": 30.0 * k,
+              "eval_seconds": 5.0, "val_accuracy": 0.9, "ranks": 2, "train_cpu_seconds": 15.0 * k} for k in (1, 2)]
+    assert bench.busy_cores_of(_run_with(tmp_path / "two", evals)) == pytest.approx(0.25)
+    # A run stopped at its first evaluation has it too; a run without the CPU clock has none.
+    assert bench.busy_cores_of(_run_with(tmp_path / "one", evals[:1])) == pytest.approx(0.25)
+    unclocked = [{k: v for k, v in e.items() if k != "train_cpu_seconds"} for e in evals]
+    assert bench.busy_cores_of(_run_with(tmp_path / "none", unclocked)) is None
+
+
 def test_steady_rate_leaves_out_warm_up_and_evaluations(tmp_path):
     # A run stopped at its target inside epoch 1: that epoch's 200 img/s carries TensorFlow's tracing.
     evals = [{"kind": "eval", "epoch": 1, "step": 100 * k, "images": 6400 * k, "seconds": 40.0 * k + 5.0,

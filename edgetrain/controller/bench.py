@@ -116,6 +116,7 @@ class Trial:
     # From the launch (preflight, containers, the MPI probe, imports, data, tracing) to the target.
     seconds_to_target_from_launch: float | None = None
     beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
+    busy_cores: float | None = None  # the CPU its training kept busy on each node (busy_cores_of)
 
 
 @dataclass
@@ -181,7 +182,7 @@ def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
     of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
     last of them hides any of it.
 
-    ``cores``: the CPU one node's training keeps busy (its img/s over its img/CPU-s). Where the
+    ``cores``: the CPU one node's training keeps busy (``busy_cores_of``). Where the
     training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
     the communication spends is a CPU second the training waits for, hidden allreduce or not: the
     communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
@@ -253,6 +254,17 @@ def cpu_rate(run: runs.Run) -> float | None:
     first, last = evals[0], evals[-1]
     cpu = last["train_cpu_seconds"] - first["train_cpu_seconds"]
     return (last["images"] - first["images"]) / cpu if cpu > 0 and last["images"] > first["images"] else None
+
+
+def busy_cores_of(run: runs.Run) -> float | None:
+    """The CPU a run's training kept busy on each node: its ranks' CPU seconds in training steps over
+    the steps' wall seconds, per rank (bench runs one a node), at its last evaluation - so a run
+    stopped at its first has it too; None for runs whose records lack the CPU clock."""
+    evals = _steady_evaluations(run, "train_cpu_seconds", "train_seconds")
+    if not evals or not evals[-1]["train_seconds"]:
+        return None
+    last = evals[-1]
+    return last["train_cpu_seconds"] / last["train_seconds"] / last.get("ranks", 1)
 
 
 class Bench:
@@ -359,7 +371,7 @@ class Bench:
         attempts = run.record().attempts
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
-                     launched + seconds if launched is not None and seconds is not None else None, beside)
+                     launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run))
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
@@ -435,10 +447,9 @@ class Bench:
         return _median([t.images_per_sec for t in self._trials(1)])
 
     def busy_cores(self) -> float | None:
-        """The CPU one node's training keeps busy: its img/s over its img/CPU-s, the one-node runs'
-        median (None where the runs do not clock their CPU)."""
-        return _median([t.images_per_sec / t.images_per_cpu_second for t in self._trials(1)
-                        if t.images_per_sec and t.images_per_cpu_second])
+        """The CPU one node's training keeps busy, the one-node runs' median (None where the runs do
+        not clock their CPU)."""
+        return _median([t.busy_cores for t in self._trials(1)])
 
     def _predict(self) -> None:
         one = _median([t.images_per_sec for t in self._trials(1)])
