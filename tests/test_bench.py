@@ -266,6 +266,22 @@ def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_
         assert every == bench.evaluation_interval(200, JobOptions().steps_per_execution) and 200 // every >= 3, (n, every)
 
 
+def test_a_run_that_fails_is_named_in_a_line_and_the_bench_goes_on(tmp_path):
+    script = tmp_path / "project" / "train.py"
+    script.parent.mkdir()
+    script.write_text("raise ValueError('no data here')\n")
+    root = tmp_path / "runs"
+    r = edgetrain("bench", str(script), "--nodes", "1", "--repeat", "2", "--gradient-mb", "1", "--runs-dir", str(root), timeout=600)
+    # Each try says which rank failed and how; every try ran, and each is in bench.json. With no
+    # run completed, nothing was measured: one line on stderr and a failing exit.
+    assert r.stdout.count("failed: rank 0 on ") == 2 and "ValueError: no data here" in r.stdout, r.stdout
+    assert r.returncode == 1 and r.stderr.startswith("edgetrain: error: bench ") and "no run completed" in r.stderr, r.stderr[-3000:]
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+    [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]
+    body = json.loads((bench_dir / "bench.json").read_text())
+    assert [t["status"] for t in body["trials"]] == ["failed", "failed"]
+
+
 def test_a_torch_script_is_benched_under_the_torch_strategy(tmp_path):
     # edgetrain.ddp's records: img/s from its epochs, the time to the target from its evaluations.
     root = tmp_path / "runs"
@@ -294,7 +310,7 @@ def test_the_torch_probe_times_torchs_own_allreduce_between_two_ranks(tmp_path, 
                             np=2, strategy="torch", runs_dir=tmp_path / "runs", log=lambda line: None)
     seen: list[dict] = []
     outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
-    assert outcome.state is runs.Status.COMPLETED, outcome.error
+    assert outcome.state is runs.Status.COMPLETED, outcome.why
     [e] = [e for e in seen if e["event"] == "allreduce"]
     assert (e["ranks"], e["bytes"], e["fp16"], e["transport"], e["cycle_seconds"]) == (2, 400_000, fp16, "gloo", 0.0)
     assert 0 < e["latency_seconds"] < 10 and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0
@@ -308,7 +324,7 @@ def test_horovods_probe_prices_its_cycle_between_allreduces(tmp_path):
                             np=2, runs_dir=tmp_path / "runs", log=lambda line: None)
     seen: list[dict] = []
     outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
-    assert outcome.state is runs.Status.COMPLETED, outcome.error
+    assert outcome.state is runs.Status.COMPLETED, outcome.why
     [e] = [e for e in seen if e["event"] == "allreduce"]
     assert (e["ranks"], e["bytes"]) == (2, 400_000) and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0
     # Each turn of the cycle coordinates the two ranks with nothing to send: some CPU, at most the

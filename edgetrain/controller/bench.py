@@ -47,7 +47,7 @@ from edgetrain.shared import jobs, runs, strategies
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import TRAIN_EXAMPLES
-from edgetrain.shared.errors import EdgetrainError, UsageError
+from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import JobOptions, Program
 
 
@@ -326,6 +326,9 @@ class Bench:
 
         started = launch.prepare(req)
         outcome = launch.execute(started, on_event, lambda line: None)
+        if outcome.state is runs.Status.INTERRUPTED:  # the user's stop ends the bench, not only this run
+            raise Interrupted(f"bench {self.dir.name} interrupted during run {started.run.id}",
+                              f"what it measured before is in {self.dir / 'bench.json'}")
         return started.run, outcome, seen
 
     def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
@@ -334,7 +337,7 @@ class Bench:
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
         if outcome.state is not runs.Status.COMPLETED or not found:
-            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.error or outcome.state.value})",
+            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.why})",
                                  f"its logs: {run.path}")
         e = found[-1]
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"],
@@ -361,7 +364,7 @@ class Bench:
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
-            self.req.log(f"  {n} nodes, try {attempt}: run {run.id} {outcome.state.value}: {outcome.error or ''}")
+            self.req.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
@@ -431,6 +434,9 @@ class Bench:
                     self.save()
         points = self.points()
         body = self.save(points)
+        if not any(t.status == runs.Status.COMPLETED.value for t in self.trials):
+            raise EdgetrainError(f"bench {self.dir.name}: no run completed, so nothing was measured",
+                                 f"each run's logs are in its directory under {self.root} (the bench's lines above name them)")
         try:
             self.plot = plots.save(plots.bench_figure([(f"{self.program.name} ({self.strategy.name})", body)]), self.dir / "bench.svg")
         except EdgetrainError as exc:  # the measurements are saved: a missing plot costs none of them

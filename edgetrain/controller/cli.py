@@ -138,14 +138,7 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     found = outcome.finding
     for line in found.log_tail if found else ():
         err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
-    if found and found.rank is not None:
-        who = f"rank {found.rank} on {found.host} failed: {found.error}"
-    elif found and found.host is not None:
-        who = f"a rank on {found.host} failed: {found.error}"
-    elif found and found.error is not None:
-        who = found.error
-    else:
-        who = f"mpirun exited with {outcome.returncode}"
+    who = outcome.why
     if found and found.instead_of_resume:
         raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; {found.instead_of_resume}")
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")

@@ -113,6 +113,20 @@ class Outcome:
     lost: tuple[inventory.Host, str] | None = None  # a node the watcher saw go (its container, or the way to it), and how
     back: inventory.Host | None = None  # a left-out node that answered again: the attempt was ended to take it back (--rejoin)
 
+    @property
+    def why(self) -> str:
+        """What ended a run that did not complete, in a phrase: the failing rank and host where known."""
+        found = self.finding
+        if self.state is Status.INTERRUPTED:
+            return "interrupted"
+        if found and found.rank is not None:
+            return f"rank {found.rank} on {found.host} failed: {found.error}"
+        if found and found.host is not None:
+            return f"a rank on {found.host} failed: {found.error}"
+        if found and found.error is not None:
+            return found.error
+        return f"mpirun exited with {self.returncode}"
+
 
 @dataclass(frozen=True)
 class Restart:
