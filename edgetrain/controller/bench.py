@@ -337,7 +337,8 @@ class Bench:
         run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
         if outcome.state is not runs.Status.COMPLETED or not found:
-            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({outcome.why})",
+            why = outcome.why if outcome.state is not runs.Status.COMPLETED else "it reported no allreduce"
+            raise EdgetrainError(f"the allreduce probe on {n} nodes failed ({why})",
                                  f"its logs: {run.path}")
         e = found[-1]
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"],
