@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     emulate.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     emulate.add_argument("--alone", action="store_true", help=ALONE_HELP)
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
-    down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed)")
+    down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed whose maker has ended, "
+                      "so a running test session keeps its own)")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -106,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():
-            load(tid).down()
+            bed = load(tid)
+            if not args.ids and bed.state.in_use:
+                print(f"kept {tid}: in use by pid {bed.state.owner_pid} (name it to remove it anyway)")
+                continue
+            bed.down()
             print(f"removed {tid}")
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))

@@ -1,6 +1,8 @@
-"""The Pi 4 emulation itself: the quotas reach every node, one node trains at the calibrated rate, a
-rank's communication threads - only those - run on the node's Pi core of their own, and a node with
-nothing to train trains a stand-in (paused while the node trains)."""
+"""The Pi 4 emulation itself: the quotas reach every node and one node trains at the calibrated rate.
+Under the optimistic bracket (the default) a rank's communication threads - only those - run on the
+node's Pi core of their own, and a node with nothing to train trains a stand-in (paused while the
+node trains); under the pessimistic one (EDGETRAIN_TESTBED_BRACKET=pessimistic) neither: every
+thread stays in the node's one quota and idle nodes idle."""
 
 from __future__ import annotations
 
@@ -28,8 +30,13 @@ def test_every_node_runs_under_the_calibrated_quota(emulated, pi4):
         # sshd itself, so every process it starts for the node (Hydra's proxies, ranks) is charged to it.
         procs = (n.cgroup.path() / "cgroup.procs").read_text().split()
         assert str(n.sshd_pid) in procs, f"{n.name}'s sshd is not in its group"
-        assert comm_group(n.cgroup).quota() == (pi4.comm_quota_us, pi4.period_us)
+        if optimistic(pi4):
+            assert comm_group(n.cgroup).quota() == (pi4.comm_quota_us, pi4.period_us)
     assert 0.05 < pi4.cores < 1.0, f"a Pi 4 calibrated to {pi4.cores:.3f} of this machine's cores"
+    if not optimistic(pi4):
+        assert pi4.neighbours == 0 and emulated.state.emulator_pid is None
+        assert all(_stand_in(n) is None for n in emulated.state.nodes)
+        return
     # One Pi core copies memory at a fraction of one of this machine's cores, a larger one than its
     # share of the convolutions (the whole Pi's quota over four cores).
     assert pi4.cores / 4 < pi4.comm_cores < 1.0, f"a Pi core's communication at {pi4.comm_cores:.3f} of a core"
@@ -37,6 +44,11 @@ def test_every_node_runs_under_the_calibrated_quota(emulated, pi4):
     assert pi4.neighbours == len(emulated.state.nodes) - 1
     time.sleep(2)  # a scan or two of the daemon
     assert all(_stand_in(n) == "running" for n in emulated.state.nodes), {n.name: _stand_in(n) for n in emulated.state.nodes}
+
+
+def optimistic(pi4) -> bool:
+    """The bracket the session's testbed emulates (conftest's ``pi4``): a Pi core for communication and stand-ins."""
+    return pi4.comm_quota_us is not None
 
 
 def _stand_in(node) -> str | None:
@@ -64,9 +76,10 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
     side the two differed by 1%, 2.5% and 11.5% in three runs (how well TensorFlow's two threads
     run in parallel depends on what else holds the other core), so that bound is 15%, not 10%.
 
-    Meanwhile the node's comm group must receive the seed's Horovod thread (one rank at size 1:
-    its background loop) and nothing else of it: a TensorFlow thread moved there would train on
-    CPU the node does not have.
+    Meanwhile, under the optimistic bracket, the node's comm group must receive the seed's Horovod
+    thread (one rank at size 1: its background loop) and nothing else of it: a TensorFlow thread
+    moved there would train on CPU the node does not have. Under the pessimistic one no node has a
+    comm group or a stand-in, then or after.
     """
     n = emulated.state.nodes[0]
     comm = comm_group(n.cgroup)
@@ -85,6 +98,8 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
         def watch_comm() -> None:
             while not done.wait(1.0):
                 stand_ins.append({m.name: _stand_in(m) for m in emulated.state.nodes})
+                if not optimistic(pi4):
+                    continue
                 for tid in (comm.path() / "tasks").read_text().split():
                     try:
                         pid = int(Path(f"/proc/{tid}/status").read_text().split("\nTgid:")[1].split()[0])
@@ -117,20 +132,25 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
     rate = statistics.median(e["images_per_sec"] for e in epochs[1:])
     ref = statistics.median(reference)
     used = (after["usage_ns"] - before["usage_ns"]) / 1e9 / elapsed
-    comm_used = (after["comm_usage_ns"] - before["comm_usage_ns"]) / 1e9 / elapsed
+    comm_used = (after["comm_usage_ns"] - before["comm_usage_ns"]) / 1e9 / elapsed if optimistic(pi4) else 0.0
     report["emulated pi4 node"] = (f"target {pi4.images_per_sec:g} img/s, measured {rate:.0f} img/s (seed LeNet, epochs 2-3) "
                                    f"beside {ref:.0f} img/s in a calibration group at the same time; "
                                    f"quota {pi4.cores:.3f} core, used {used:.3f} core, throttled {after['nr_throttled'] - before['nr_throttled']}"
                                    f" of {after['nr_periods'] - before['nr_periods']} periods; "
-                                   f"communication threads {sorted(moved)} on {pi4.comm_cores:.3f} core, used {comm_used:.4f}")
-    # While node1 trained, its stand-in stood still and the others trained; afterwards it trains again.
-    others = [m.name for m in emulated.state.nodes[1:]]
-    assert any(seen[n.name] == "stopped" and all(seen[o] == "running" for o in others) for seen in stand_ins), stand_ins
-    time.sleep(2)
-    assert _stand_in(n) == "running"
-    (tid, pid), = moved.items()
-    assert tid != pid, "a process's main thread (Keras' loop) was taken for a communication thread"
-    assert comm_used < 0.3 * used, report["emulated pi4 node"]
+                                   + (f"communication threads {sorted(moved)} on {pi4.comm_cores:.3f} core, used {comm_used:.4f}"
+                                      if optimistic(pi4) else "communication in the same quota (pessimistic bracket)"))
+    if optimistic(pi4):
+        # While node1 trained, its stand-in stood still and the others trained; afterwards it trains again.
+        others = [m.name for m in emulated.state.nodes[1:]]
+        assert any(seen[n.name] == "stopped" and all(seen[o] == "running" for o in others) for seen in stand_ins), stand_ins
+        time.sleep(2)
+        assert _stand_in(n) == "running"
+        (tid, pid), = moved.items()
+        assert tid != pid, "a process's main thread (Keras' loop) was taken for a communication thread"
+        assert comm_used < 0.3 * used, report["emulated pi4 node"]
+    else:
+        assert stand_ins and all(v is None for seen in stand_ins for v in seen.values()), stand_ins
+        assert not comm.path().is_dir()
     assert abs(rate - ref) <= 0.15 * ref, report["emulated pi4 node"]
     assert abs(ref - pi4.images_per_sec) <= 0.20 * pi4.images_per_sec, report["emulated pi4 node"]
     # The quota binds: the node never used more CPU than it was given (5% for accounting granularity).

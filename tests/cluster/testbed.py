@@ -68,6 +68,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone for our purposes
 
 
+def _started(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (with the pid, it names one process: pids are reused)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
 def _stop(*pids: int, timeout: float = 10.0) -> None:
     """SIGTERM to every one at once (each node's dockerd takes seconds to shut down), then SIGKILL
     to any still there after ``timeout``."""
@@ -140,6 +148,14 @@ class State:
     emulation: dict | None = None
     # The emulation's daemon (emulator.py): moves communication threads, keeps idle nodes busy.
     emulator_pid: int | None = None
+    # The process that made the testbed (a test session, or `python -m tests.cluster up`) and its
+    # start time: while it runs the testbed is in use, and a bare `down` leaves it alone.
+    owner_pid: int | None = None
+    owner_started: int | None = None
+
+    @property
+    def in_use(self) -> bool:
+        return self.owner_pid is not None and _alive(self.owner_pid) and _started(self.owner_pid) == self.owner_started
 
     @property
     def gateway(self) -> str:
@@ -218,6 +234,7 @@ class Testbed:
             link_mbit=LINK_MBIT if shape else None, docker=docker, created_user=not _user_exists(mpi_user),
             expose=[p for p in {sys.base_prefix, sys.prefix} if p.startswith("/root/")],
             login_user=login, created_login=not _user_exists(login),
+            owner_pid=os.getpid(), owner_started=_started(os.getpid()),
         )
         for i in range(1, nodes + 1):
             state.nodes.append(Node(
@@ -532,7 +549,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
     def status(self) -> dict:
         s = self.state
         out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
-               "emulation": s.emulation, "nodes": []}
+               "emulation": s.emulation, "in_use_by": s.owner_pid if s.in_use else None, "nodes": []}
         for n in s.nodes:
             out["nodes"].append({
                 "name": n.name, "netns": n.netns, "address": n.address,
