@@ -253,6 +253,10 @@ def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_jus
     b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
     args = list(b.program_for(1).args)
     assert args[args.index("--eval-every") + 1] == "240"
+    # With --holdout the epoch is what is left of the training set: 54,000 examples, 843 steps.
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000)))
+    args = list(b.program_for(1).args)
+    assert args[args.index("--eval-every") + 1] == str(bench.evaluation_interval(843, 8)) != "240"
 
 
 def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_path):

@@ -351,7 +351,9 @@ class Bench:
         if self.program.job is None:
             return self.program
         o = self.req.options
-        steps = TRAIN_EXAMPLES[self.program.job.dataset] // n // self.batch_size() // o.backward_passes_per_step
+        # What the ranks train on: the training set less what --holdout keeps for validation.
+        examples = TRAIN_EXAMPLES[self.program.job.dataset] - (o.holdout or 0)
+        steps = examples // n // self.batch_size() // o.backward_passes_per_step
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
         # a steady rate at more nodes (docs/scaling.md, the fashion model).
