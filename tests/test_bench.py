@@ -334,3 +334,11 @@ def test_horovods_probe_prices_its_cycle_between_allreduces(tmp_path):
     # Each turn of the cycle coordinates the two ranks with nothing to send: some CPU, at most the
     # background thread's one core (MPI, the transport on one host, polls while it waits).
     assert 0 < e["idle_cpu_per_second"] <= 1.05, e
+
+
+def test_a_try_that_misses_the_target_says_so_in_its_line(tmp_path):
+    r = edgetrain("bench", "lenet", "--nodes", "1", "--repeat", "1", "--epochs", "1", "--max-steps", "8", "--eval-every", "8",
+                  "--target-accuracy", "0.999", "--runs-dir", str(tmp_path / "runs"), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [line] = [line for line in r.stdout.splitlines() if line.startswith("(c) 1 node, try 1: ")]
+    assert ", 99.9% not reached" in line and "target at" not in line, line

@@ -423,7 +423,8 @@ class Bench:
                 trial = self.train(n, attempt)
                 self.trials.append(trial)
                 reached = (f", target at {trial.seconds_to_target:.0f} s ({trial.seconds_to_target_from_launch:.0f} s from the launch)"
-                           if trial.seconds_to_target_from_launch is not None else "")
+                           if trial.seconds_to_target_from_launch is not None
+                           else f", {self.target_accuracy:.1%} not reached" if self.target_accuracy and trial.status == runs.Status.COMPLETED.value else "")
                 reached += f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else ""
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
