@@ -344,6 +344,16 @@ class Bench:
         return Allreduce(n, nbytes, e["seconds"], e["cpu_seconds"], e["latency_seconds"], run.id, e["transport"], e["cycle_seconds"],
                          e["idle_cpu_per_second"])
 
+    def _reached(self, trial: Trial) -> str:
+        """What a try's (c) line says of its target and its test score."""
+        if trial.seconds_to_target_from_launch is not None:
+            out = f", target at {trial.seconds_to_target:.0f} s ({trial.seconds_to_target_from_launch:.0f} s from the launch)"
+        elif self.target_accuracy and trial.status == runs.Status.COMPLETED.value:
+            out = f", {self.target_accuracy:.1%} not reached"
+        else:
+            out = ""
+        return out + (f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else "")
+
     def program_for(self, n: int, attempt: int = 1) -> Program:
         """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
         times an epoch unless told, and seeded by the try - the same seed at every N, so each try
@@ -422,12 +432,8 @@ class Bench:
                     self._predict()
                 trial = self.train(n, attempt)
                 self.trials.append(trial)
-                reached = (f", target at {trial.seconds_to_target:.0f} s ({trial.seconds_to_target_from_launch:.0f} s from the launch)"
-                           if trial.seconds_to_target_from_launch is not None
-                           else f", {self.target_accuracy:.1%} not reached" if self.target_accuracy and trial.status == runs.Status.COMPLETED.value else "")
-                reached += f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else ""
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
-                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + reached + f"  ({trial.run})")
+                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial) + f"  ({trial.run})")
                 self.save()
                 if n > 1 and req.reference is Reference.CONCURRENT:
                     alongside = self.train_concurrently(n, attempt)

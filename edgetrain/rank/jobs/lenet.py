@@ -33,5 +33,5 @@ def optimizer(lr: float) -> tf.keras.optimizers.Optimizer:
 def lr_multiplier(epoch: float, epochs: int) -> float:
     """From the end of the default warmup, a cosine to a tenth of the rate at the end of the run
     (``--epochs``): chosen on a split held out of the training set, where annealing by one epoch
-    whatever the run's length left every run short of 99.0% (docs/scaling.md)."""
+    whatever the run's length reached 99.0% in one run of nine (docs/scaling.md)."""
     return anneal(epoch, WARMUP_EPOCHS, epochs, 0.1)
