@@ -220,6 +220,7 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     tries = [run for run in runs.all_runs(root) if run.record().job == "lenet"]
     args = [run.record().program.args for run in tries]
     assert sorted(a[a.index("--seed") + 1] for a in args) == ["7", "8"]
+    seeds = {run.id: int(a[a.index("--seed") + 1]) for run, a in zip(tries, args)}
     assert all(run.status() == "completed" for run in tries)
     [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]
     result = json.loads((bench_dir / "bench.json").read_text())
@@ -229,6 +230,8 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     # the batch, 1,024); each try's test set scored once, after it.
     assert all(e["examples"] == 1000 for run in tries for e in run.evaluations())
     assert [t["test_accuracy"] for t in result["trials"]] == [run.test_score()["test_accuracy"] for run in tries]
+    # Each trial names the seed its run trained from, so tries can be paired across N and pooled across benches.
+    assert {t["run"]: t["seed"] for t in result["trials"]} == seeds
     # Time to the target from the first step, and from the launch (the first step's own offset more).
     for t, run in zip(result["trials"], tries):
         assert t["seconds_to_target"] is not None, t
@@ -300,6 +303,7 @@ def test_a_torch_script_is_benched_under_the_torch_strategy(tmp_path):
     [point] = result["points"]
     [trial] = point["trials"]
     assert trial["status"] == "completed" and point["images_per_sec"] > 0
+    assert trial["seed"] is None  # a script seeds itself
     run = runs.find(root, trial["run"])
     assert run.record().placement.strategy == "torch" and len(run.evaluations()) == 3
     first = run.evaluations()[0]

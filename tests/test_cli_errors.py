@@ -219,6 +219,14 @@ def test_a_batch_larger_than_a_ranks_shard_is_refused_before_anything_starts(exi
     assert snapshot(existing_runs) == before
 
 
+def test_the_shard_a_batch_must_fit_is_what_the_holdout_leaves(existing_runs):
+    before = snapshot(existing_runs)
+    r = edgetrain("run", "lenet", "--np", "2", "--batch-size", "28000", "--holdout", "6000", "--runs-dir", str(existing_runs))
+    assert_one_line_error(r, "--batch-size 28000 is larger than each rank's shard of mnist less --holdout 6000 (27000 examples on 2 ranks)",
+                          "--batch-size 27000 or less", code=2)
+    assert snapshot(existing_runs) == before
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KiB file system of the test's own (tmpfs), unmounted afterwards."""

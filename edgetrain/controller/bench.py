@@ -117,6 +117,7 @@ class Trial:
     seconds_to_target_from_launch: float | None = None
     beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
     busy_cores: float | None = None  # the CPU its training kept busy on each node (busy_cores_of)
+    seed: int | None = None  # a built-in job's: the same at every N in one try
 
 
 @dataclass
@@ -368,8 +369,11 @@ class Bench:
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
         # a steady rate at more nodes (docs/scaling.md, the fashion model).
         steps = min(steps, o.max_steps) if o.max_steps else steps
-        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=o.seed + attempt - 1,
+        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
+
+    def _seed(self, attempt: int) -> int | None:
+        return self.req.options.seed + attempt - 1 if self.program.job is not None else None
 
     def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0) -> Trial:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
@@ -387,7 +391,8 @@ class Bench:
         attempts = run.record().attempts
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
-                     launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run))
+                     launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
+                     self._seed(attempt))
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run

@@ -28,13 +28,16 @@ class Program:
     checkpoint_options: dict = field(default_factory=dict)  # a built-in job's, as its checkpoints record them
 
     def check_ranks(self, np: int) -> None:
-        """What depends on the number of ranks: a built-in job's batch must fit in each rank's shard."""
+        """What depends on the number of ranks: a built-in job's batch must fit in each rank's shard
+        of what --holdout leaves for training."""
         if self.job is None:
             return
         batch = self.checkpoint_options["batch_size"]
-        shard = TRAIN_EXAMPLES[self.job.dataset] // np
+        held = self.checkpoint_options.get("holdout") or 0
+        shard = (TRAIN_EXAMPLES[self.job.dataset] - held) // np
         if batch > shard:
-            raise UsageError(f"--batch-size {batch} is larger than each rank's shard of {self.job.dataset} ({shard} examples on {np} ranks)",
+            of = f"{self.job.dataset} less --holdout {held}" if held else self.job.dataset
+            raise UsageError(f"--batch-size {batch} is larger than each rank's shard of {of} ({shard} examples on {np} ranks)",
                              f"use --batch-size {shard} or less")
 
     @property

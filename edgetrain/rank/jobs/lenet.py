@@ -1,4 +1,4 @@
-"""LeNet on MNIST: two convolutions, two dense layers, Adam annealed over its first epoch."""
+"""LeNet on MNIST: two convolutions, two dense layers, Adam annealed over the run."""
 
 import tensorflow as tf
 
