@@ -234,6 +234,14 @@ def quota_at(cores: float, period_us: int, max_cores: float) -> tuple[int, int]:
     return max(MIN_QUOTA_US, round(cores * period_us)), period_us
 
 
+def fair_share(cores: int, neighbours: int) -> float:
+    """One process's share of the cores beside ``neighbours`` as busy: what its unthrottled rate
+    was measured on, and the most a quota can give it. Above the share the processes contend for
+    the cores, and a step measures the contention: on a machine where a node needs most of its
+    share, the search's first guess landed there and the noise ended the calibration."""
+    return cores / (1 + neighbours)
+
+
 def search_quota(measure, target: float, unthrottled: float, max_cores: float, period_us: int = DEFAULT_PERIOD_US,
                  log=print) -> tuple[Point, float]:
     """The quota at which ``measure(quota_us, period_us)`` (a list of img/s) gives ``target``, and
@@ -335,7 +343,7 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
             meter.limit(quota, period)
             return [meter.measure() for _ in range(MEASUREMENTS)]
 
-        found, tol = search_quota(measure, target, full, len(os.sched_getaffinity(0)), period_us, log)
+        found, tol = search_quota(measure, target, full, fair_share(len(os.sched_getaffinity(0)), neighbours), period_us, log)
     comm_quota = round(pi_core * found.period_us) if pi_core else None
     if cache is not None:
         known.setdefault(key, {})[f"{target:g}"] = {"quota_us": found.quota_us, "period_us": found.period_us,
