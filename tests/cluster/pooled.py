@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,9 +109,11 @@ def main() -> None:
     found: list[Pair] = []
     for path in args.benches:
         path = path / "bench.json" if path.is_dir() else path
+        name = path.parent.name if path.name == "bench.json" else path.stem  # a kept copy is named after its bench
         body = json.loads(path.read_text())
-        found += pairs(body, path.parent.name)
-        print(f"{path.parent.name}: {body['command']}")
+        found += pairs(body, name)
+        command = body["command"]
+        print(f"{name}: {shlex.join(command) if isinstance(command, list) else command}")
     if not found:
         raise SystemExit("no tries to pair: each bench needs a completed one-node try of the same seed")
     print(table(found))
