@@ -18,7 +18,7 @@ def trial(nodes: int, seed: int, seconds: float | None, ips: float, beside: int 
 
 
 def body(*trials: dict) -> dict:
-    return {"command": "edgetrain bench lenet", "trials": list(trials)}
+    return {"command": ["edgetrain", "bench", "lenet"], "trials": list(trials)}
 
 
 def test_each_try_is_paired_with_the_one_node_try_of_its_own_bench_and_seed():

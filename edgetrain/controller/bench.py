@@ -46,7 +46,7 @@ from edgetrain.controller import inventory, launch, overlap, placement, plots
 from edgetrain.shared import jobs, runs, strategies
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
-from edgetrain.shared.datasets import TRAIN_EXAMPLES
+from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import JobOptions, Program
 
@@ -362,9 +362,7 @@ class Bench:
         if self.program.job is None:
             return self.program
         o = self.req.options
-        # What the ranks train on: the training set less what --holdout keeps for validation.
-        examples = TRAIN_EXAMPLES[self.program.job.dataset] - (o.holdout or 0)
-        steps = examples // n // self.batch_size() // o.backward_passes_per_step
+        steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size() // o.backward_passes_per_step
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
         # a steady rate at more nodes (docs/scaling.md, the fashion model).

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgetrain.shared import job_options, jobs
-from edgetrain.shared.datasets import DATASETS, TRAIN_EXAMPLES
+from edgetrain.shared.datasets import DATASETS, trained_on
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.job_options import JobOptions
 
@@ -33,8 +33,8 @@ class Program:
         if self.job is None:
             return
         batch = self.checkpoint_options["batch_size"]
-        held = self.checkpoint_options.get("holdout") or 0
-        shard = (TRAIN_EXAMPLES[self.job.dataset] - held) // np
+        held = self.checkpoint_options.get("holdout")
+        shard = trained_on(self.job.dataset, held) // np
         if batch > shard:
             of = f"{self.job.dataset} less --holdout {held}" if held else self.job.dataset
             raise UsageError(f"--batch-size {batch} is larger than each rank's shard of {of} ({shard} examples on {np} ranks)",

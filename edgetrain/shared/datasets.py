@@ -80,6 +80,11 @@ KNOWN_FILES: tuple[KnownFile, ...] = (
 
 DATASETS = ("mnist", "fashion-mnist")
 TRAIN_EXAMPLES = {"mnist": 60_000, "fashion-mnist": 60_000}
+
+
+def trained_on(dataset: str, holdout: int | None) -> int:
+    """The examples the ranks train on: the training set less what --holdout keeps for validation."""
+    return TRAIN_EXAMPLES[dataset] - (holdout or 0)
 # Preferred format first: the one a fetch brings.
 FORMATS = {"mnist": ("npz", "idx", "pkl"), "fashion-mnist": ("idx",)}
 MIRRORS = {

@@ -112,8 +112,7 @@ def main() -> None:
         name = path.parent.name if path.name == "bench.json" else path.stem  # a kept copy is named after its bench
         body = json.loads(path.read_text())
         found += pairs(body, name)
-        command = body["command"]
-        print(f"{name}: {shlex.join(command) if isinstance(command, list) else command}")
+        print(f"{name}: {shlex.join(body['command'])}")
     if not found:
         raise SystemExit("no tries to pair: each bench needs a completed one-node try of the same seed")
     print(table(found))
