@@ -98,11 +98,11 @@ class Measure(tf.keras.callbacks.Callback):
         return self.steps * self.batch * hvd.size() / (end - self.epoch_start - self.epoch_off)
 
     def _judge(self, epoch_end: bool) -> float:
-        start = time.monotonic()
+        start, seconds = time.monotonic(), self.seconds()
         accuracy = self.judge.accuracy(self.model)
         if hvd.rank() == 0:
             print(json.dumps({"event": "judged", "images": self.done * self.batch * hvd.size(), "epoch_end": epoch_end,
-                              "held_out_accuracy": accuracy, "seconds_from_first_step": self.seconds()}), flush=True)
+                              "held_out_accuracy": accuracy, "seconds_from_first_step": seconds}), flush=True)
         spent = time.monotonic() - start
         self.off += spent
         self.epoch_off += spent
