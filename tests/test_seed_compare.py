@@ -3,6 +3,8 @@
 
 import math
 
+import yaml
+
 from tests.cluster import seed_compare
 
 
@@ -50,3 +52,14 @@ def test_the_seeds_own_script_is_judged_on_edgetrains_grid_for_as_many_images_at
     assert args[args.index("--epochs") + 1] == "5"  # 4 x 54,000 images in epochs of 48,000
     assert row["seconds_to_target_fine"] == 90.0 and row["images_to_target_fine"] == 40_320
     assert row["seconds_to_target_epoch_end"] == 110.0 and row["images_per_sec"] == 400.0
+
+
+def test_every_host_gets_one_slot_so_n_ranks_land_on_n_nodes(tmp_path):
+    inv = tmp_path / "docker.yml"
+    inv.write_text("all:\n  children:\n    cluster:\n      vars: {edgetrain_slots: 1}\n      children:\n        head:\n"
+                   "          hosts:\n            node1: &h {ansible_host: 198.18.0.11, edgetrain_slots: 2}\n"
+                   "        rpi:\n          hosts:\n            node1: *h\n            node2: {ansible_host: 198.18.0.12}\n")
+    out = yaml.safe_load(open(seed_compare.one_slot(str(inv))))
+    hosts = out["all"]["children"]["cluster"]["children"]
+    assert hosts["head"]["hosts"]["node1"] == {"ansible_host": "198.18.0.11", "edgetrain_slots": 1}
+    assert hosts["rpi"]["hosts"]["node1"]["edgetrain_slots"] == 1 and "edgetrain_slots" not in hosts["rpi"]["hosts"]["node2"]

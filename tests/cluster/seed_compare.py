@@ -1,7 +1,8 @@
 """Time to accuracy, edgetrain's LeNet against the seed recipe, interleaved on one cluster:
 ``python -m tests.cluster.seed_compare -i INVENTORY --nodes 1,3``.
 
-The inventory must give each node one slot (one rank per node). The seed script runs unchanged as
+One rank per node: both inventories are read through a copy whose every ``edgetrain_slots`` is 1
+(a testbed's inventory gives its head node two). The seed script runs unchanged as
 a user script (``edgetrain run seed_lenet.py``: the same mpirun in the same containers; its clock
 starts at its own first step, so the launcher is not in its figure) and stops after the epoch
 whose validation reaches the target; ``edgetrain run lenet`` runs at its defaults with the target,
@@ -28,13 +29,27 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from edgetrain.controller import bench
 from edgetrain.shared import datasets, runs
 from edgetrain.controller.program import JobOptions
 
 from .emulation import ROOT, SEED
+
+
+def one_slot(inventory: str) -> str:
+    """A copy of the inventory with one slot on every host, so N ranks land on N nodes."""
+    def walk(node):
+        if isinstance(node, dict):
+            return {k: 1 if k == "edgetrain_slots" else walk(v) for k, v in node.items()}
+        return node
+    out = Path(tempfile.mkdtemp(prefix="seed-compare-")) / Path(inventory).name
+    out.write_text(yaml.safe_dump(walk(yaml.safe_load(Path(inventory).read_text()))))
+    return str(out)
 
 
 def _edgetrain(*args: str) -> subprocess.CompletedProcess:
@@ -144,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--holdout", type=int, default=6000, help="with --own: the split both are judged on")
     p.add_argument("extra", nargs="*", help="options for edgetrain run lenet (after --)")
     args = p.parse_args(argv)
+    args.inventory = one_slot(args.inventory)
+    args.seed_inventory = args.seed_inventory and one_slot(args.seed_inventory)
     for _ in range(args.repeat):
         for n in map(int, args.nodes.split(",")):
             if args.own:
