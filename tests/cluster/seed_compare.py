@@ -80,7 +80,11 @@ def edgetrain(inv: str, n: int, target: float, epochs: int, runs_dir: str, extra
             "run": run.id, "extra": extra}
 
 
-OWN = ("--batch", "32", "--rank-steps", "500")  # the seed's own script: Keras' default batch, steps_per_epoch=500
+OWN_BATCH, OWN_STEPS = 32, 500  # the seed's own script: Keras' default batch, steps_per_epoch=500 on every rank
+
+
+def _own_args(steps: int = OWN_STEPS) -> list[str]:
+    return ["--batch", str(OWN_BATCH), "--rank-steps", str(steps)]
 
 
 def _seed_run(inv: str, n: int, runs_dir: str, args: list[str]) -> list[dict]:
@@ -98,9 +102,9 @@ def own(inv: str, n: int, target: float, epochs: int, runs_dir: str, holdout: in
     edgetrain evaluates on (a quarter of its epoch) and at each of its own epochs' ends, for at most
     the images of edgetrain's ``epochs``."""
     examples = datasets.trained_on("mnist", holdout)
-    every = max(1, examples // 4 // (32 * n))
-    its_epochs = -(-epochs * examples // (500 * 32 * n))
-    events = _seed_run(inv, n, runs_dir, [*OWN, "--holdout", str(holdout), "--judge-every", str(every),
+    every = max(1, examples // 4 // (OWN_BATCH * n))
+    its_epochs = -(-epochs * examples // (OWN_STEPS * OWN_BATCH * n))
+    events = _seed_run(inv, n, runs_dir, [*_own_args(), "--holdout", str(holdout), "--judge-every", str(every),
                                           "--epochs", str(its_epochs), "--stop-at-accuracy", str(target)])
     judged = [e for e in events if e["event"] == "judged"]
     epochs_seen = [e for e in events if e["event"] == "epoch"]
@@ -118,7 +122,7 @@ def own(inv: str, n: int, target: float, epochs: int, runs_dir: str, holdout: in
 
 def own_rate(inv: str, n: int, runs_dir: str, holdout: int, epochs: int = 3, steps: int = 100) -> dict:
     """The seed's own script's img/s alone, from a short run (its first epoch is the warm-up)."""
-    events = _seed_run(inv, n, runs_dir, [*OWN[:2], "--rank-steps", str(steps), "--epochs", str(epochs), "--holdout", str(holdout)])
+    events = _seed_run(inv, n, runs_dir, [*_own_args(steps), "--epochs", str(epochs), "--holdout", str(holdout)])
     return {"who": "seed's own script, --seed-inventory", "nodes": n,
             "images_per_sec": round(_steady([e for e in events if e["event"] == "epoch"]), 1), "rank_steps": steps}
 
