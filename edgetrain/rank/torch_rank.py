@@ -180,26 +180,41 @@ def _holds(store, key: str) -> bool:
 # --- what the script does with torch.distributed ----------------------------------------------
 
 _CALLED: list[str] = []  # the backends init_process_group was called with, in this process
+# Every process group the script made, alive to the rank's os._exit. torch 1.13 deadlocks where a
+# DistributedDataParallel model holds a Gloo group's last reference - after the tutorial's
+# destroy_process_group(), as the model goes with main()'s locals: its reducer destroys the group
+# with the GIL held, joining a Gloo thread that waits for the GIL to free a tensor Python has let
+# go (tests/scripts/torch/ddp_freed_in_main.py hangs so every time; the DDP example 1 run in 4).
+_GROUPS: list[object] = []
 
 
 def watch_init() -> None:
     """Note every ``init_process_group`` call the script makes (it may destroy its group before it
-    ends), and refuse NCCL on a host without a GPU in one line rather than torch's traceback."""
+    ends) and keep every group it makes, and refuse NCCL on a host without a GPU in one line rather
+    than torch's traceback."""
     import torch
     import torch.distributed as dist
 
-    original = dist.init_process_group
+    init, new_group = dist.init_process_group, dist.new_group
 
-    @functools.wraps(original)
+    @functools.wraps(init)
     def init_process_group(*args, **kwargs):
         backend = str(kwargs.get("backend", args[0] if args else "") or "")
         if "nccl" in backend.lower() and not torch.cuda.is_available():
             raise EdgetrainError(f"init_process_group({backend!r}) on {os.uname().nodename}, which has no GPU",
                                  "use backend 'gloo' on CPU nodes (NCCL needs a GPU per rank)")
         _CALLED.append(backend)
-        return original(*args, **kwargs)
+        made = init(*args, **kwargs)
+        _GROUPS.append(dist.distributed_c10d._get_default_group())
+        return made
 
-    dist.init_process_group = init_process_group
+    @functools.wraps(new_group)
+    def kept_new_group(*args, **kwargs):
+        group = new_group(*args, **kwargs)
+        _GROUPS.append(group)
+        return group
+
+    dist.init_process_group, dist.new_group = init_process_group, kept_new_group
 
 
 def called_init() -> bool:

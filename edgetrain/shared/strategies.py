@@ -259,7 +259,8 @@ class Torch(Strategy):
     # torch 1.13 deadlocks destroying a DistributedDataParallel model as the script returns: its reducer
     # destroys the Gloo process group, which joins a worker thread while holding the GIL that thread
     # waits for to free a tensor (2 of 7 runs of a two-rank script hung so here, after its last line).
-    # A script run as a program keeps its objects to the end too.
+    # The script's globals outlive it; the groups themselves do too (torch_rank), for a model that
+    # goes with main()'s locals.
     keeps_program = True
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:

@@ -8,6 +8,10 @@ rank 0 saving the weights. It runs unchanged under
 
 MNIST offline: edgetrain stages it and says where ($EDGETRAIN_DATA/mnist/, Keras' mnist.npz or
 the classic mnist.pkl.gz); elsewhere pass --data DIR holding either file.
+
+With --holdout N the script keeps N training images out (a fixed draw, the same at every seed),
+scores them every --eval-every steps and at each epoch's end, and with --target-accuracy stops
+once they reach it: time to accuracy, MLPerf's way, with the test set scored once at the end.
 """
 
 import argparse
@@ -57,6 +61,26 @@ def tensors(x, y):
     return TensorDataset(torch.from_numpy(np.asarray(x, np.float32).reshape(-1, 1, 28, 28)), torch.from_numpy(np.asarray(y, np.int64)))
 
 
+def hold_out(x, y, n: int):
+    """((the rest), (n images held out)), drawn by a permutation fixed across seeds, so that every
+    try stops on the same images."""
+    order = np.random.default_rng(0).permutation(len(y))
+    rest, held = np.sort(order[n:]), np.sort(order[:n])
+    return (x[rest], y[rest]), (x[held], y[held])
+
+
+def accuracy(model, data, device) -> float:
+    """Each rank scores its share of ``data``; the counts are summed over the ranks."""
+    model.eval()
+    right = torch.zeros(2, device=device)
+    with torch.no_grad():
+        for xb, yb in DataLoader(data, batch_size=512, sampler=DistributedSampler(data, shuffle=False)):
+            right += torch.tensor([(model(xb.to(device)).argmax(1) == yb.to(device)).sum().item(), len(yb)], device=device)
+    dist.all_reduce(right)
+    model.train()
+    return right[0].item() / right[1].item()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=1)
@@ -65,7 +89,13 @@ def main():
     p.add_argument("--steps-per-epoch", type=int, default=None, help="at most this many steps an epoch (a quick run)")
     p.add_argument("--log-interval", type=int, default=100, help="rank 0 prints the loss every this many steps (the first among them)")
     p.add_argument("--data", type=Path, default=Path(os.environ.get("EDGETRAIN_DATA", "data")) / "mnist")
+    p.add_argument("--seed", type=int, default=42, help="the weights' and the shuffle's seed")
+    p.add_argument("--holdout", type=int, default=0, help="keep this many training images out and score them as training goes")
+    p.add_argument("--eval-every", type=int, default=None, help="score the held-out images every this many steps, besides each epoch's end")
+    p.add_argument("--target-accuracy", type=float, default=None, help="stop once the held-out images score this")
     args = p.parse_args()
+    if args.target_accuracy is not None and not args.holdout:
+        p.error("--target-accuracy is judged on held-out images: give --holdout")
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -74,46 +104,64 @@ def main():
     if cuda:
         torch.cuda.set_device(local_rank)  # one GPU per local rank, as Horovod pins them
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    torch.manual_seed(42)
+    torch.manual_seed(args.seed)
 
     (x, y), (xt, yt) = load_mnist(args.data)
+    if args.holdout:
+        (x, y), held = hold_out(x, y, args.holdout)
+        held = tensors(*held)
     train = tensors(x, y)
-    sampler = DistributedSampler(train, shuffle=True, seed=42)
+    sampler = DistributedSampler(train, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
     model = DDP(LeNet().to(device), device_ids=[local_rank] if cuda else None)
     # The learning rate scaled with the ranks, as Horovod's examples scale it.
     opt = torch.optim.Adam(model.parameters(), lr=args.lr * world)
 
+    trained = 0  # images, over all ranks
+
+    def reached(epoch: int) -> bool:
+        """Score the held-out images; whether they reached the target."""
+        acc = accuracy(model, held, device)
+        if rank == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}: held-out accuracy {acc:.4f} after {trained:,} images", flush=True)
+        return args.target_accuracy is not None and acc >= args.target_accuracy
+
+    done = False
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
-        start, seen, total = time.monotonic(), 0, 0.0
         steps = min(len(loader), args.steps_per_epoch or len(loader))
-        for step, (xb, yb) in enumerate(loader):
-            if args.steps_per_epoch and step >= args.steps_per_epoch:
-                break
+        start, seen, taken, total = time.monotonic(), 0, 0, 0.0
+        for xb, yb in loader:
             xb, yb = xb.to(device), yb.to(device)
             opt.zero_grad()
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             opt.step()
-            seen, total = seen + len(xb), total + loss.item()
-            if rank == 0 and step % args.log_interval == 0:
-                print(f"epoch {epoch + 1}/{args.epochs} step {step + 1}/{steps}: loss {loss.item():.4f}", flush=True)
-        rate = seen * world / (time.monotonic() - start)
+            seen, taken, total, trained = seen + len(xb), taken + 1, total + loss.item(), trained + len(xb) * world
+            if rank == 0 and (taken - 1) % args.log_interval == 0:
+                print(f"epoch {epoch + 1}/{args.epochs} step {taken}/{steps}: loss {loss.item():.4f}", flush=True)
+            if taken == steps:
+                break
+            if args.holdout and args.eval_every and taken % args.eval_every == 0:
+                scoring = time.monotonic()
+                done = reached(epoch)
+                start += time.monotonic() - scoring  # the epoch's img/s is training's alone
+                if done:
+                    break
         if rank == 0:
-            print(f"epoch {epoch + 1}/{args.epochs}: loss {total / steps:.4f}, {rate:,.0f} img/s on {world} ranks", flush=True)
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {total / taken:.4f}, {seen * world / (time.monotonic() - start):,.0f} img/s on {world} ranks", flush=True)
+        if done or (args.holdout and reached(epoch)):
+            if rank == 0:
+                print(f"reached held-out accuracy {args.target_accuracy} after {trained:,} images", flush=True)
+            break
+    else:
+        if args.target_accuracy is not None and rank == 0:
+            print(f"held-out accuracy {args.target_accuracy} not reached in {args.epochs} epochs", flush=True)
 
-    # Each rank scores its share of the test set; the counts are summed over the ranks.
-    model.eval()
-    test = tensors(xt, yt)
-    right = torch.zeros(2, device=device)
-    with torch.no_grad():
-        for xb, yb in DataLoader(test, batch_size=512, sampler=DistributedSampler(test, shuffle=False)):
-            right += torch.tensor([(model(xb.to(device)).argmax(1) == yb.to(device)).sum().item(), len(yb)], device=device)
-    dist.all_reduce(right)
+    test = accuracy(model, tensors(xt, yt), device)
     if rank == 0:
-        print(f"test accuracy {right[0].item() / right[1].item():.4f}", flush=True)
+        print(f"test accuracy {test:.4f}", flush=True)
         torch.save(model.module.state_dict(), "lenet.pt")
     dist.destroy_process_group()
 

@@ -11,6 +11,11 @@ at its second, is kept in the run directory (console.txt): where its time went.
 A measurement, reported rather than asserted (-m bench): ``pytest -m bench tests/cluster/test_torchrun.py -s``.
 EDGETRAIN_TORCHRUN_N names the node counts raced, in order, a try each (default "1 2 3"; "3 3 3"
 is three tries at three nodes).
+
+With EDGETRAIN_TORCHRUN_TARGET (a held-out accuracy) the two launchers race the same script to it
+instead: `--holdout 6000`, scored four times an epoch, at most EDGETRAIN_TORCHRUN_EPOCHS epochs (6),
+the seed EDGETRAIN_TORCHRUN_SEED (44); the time to it from the command and from the first step, the
+launchers taking turns at going first. Horovod's LeNet, another script, is left out of the race.
 The emulation is the optimistic bracket (each node's communication threads on a core of their own,
 idle nodes training stand-ins), or with EDGETRAIN_TESTBED_BRACKET=pessimistic the other (all of a
 node in one quota, no stand-ins); see docs/scaling.md for what each favours.
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 import pytest
 
 from edgetrain.controller import images
+from edgetrain.controller.bench import evaluation_interval
+from edgetrain.shared import datasets
 from edgetrain.shared import runs
 from tests.conftest import ROOT
 
@@ -39,11 +46,29 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.
 SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
 # 100 steps: an epoch long enough (15-40 s on the emulated nodes) that drift within it is small.
 STEPS = 100
-ARGS = ["--epochs", "2", "--steps-per-epoch", str(STEPS)]
-EPOCH = re.compile(r"epoch 2/2: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
-FIRST_STEP = "epoch 1/2 step 1/"
+EPOCH = re.compile(r"epoch 2/\d+: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
+REACHED = re.compile(r"reached held-out accuracy [\d.]+ after ([\d,]+) images")
+TEST_ACCURACY = re.compile(r"test accuracy ([\d.]+)")
 PORT = 29610
 COUNTS = tuple(int(n) for n in os.environ.get("EDGETRAIN_TORCHRUN_N", "1 2 3").split())
+TARGET = os.environ.get("EDGETRAIN_TORCHRUN_TARGET")
+HOLDOUT, BATCH = 6000, 64  # BATCH: the script's own default
+
+
+def script_args(n: int) -> list[str]:
+    """The script's arguments at n ranks: 2 x STEPS steps, or the race to TARGET."""
+    if TARGET is None:
+        return ["--epochs", "2", "--steps-per-epoch", str(STEPS)]
+    steps = -(-datasets.trained_on("mnist", HOLDOUT) // (BATCH * n))
+    return ["--epochs", os.environ.get("EDGETRAIN_TORCHRUN_EPOCHS", "6"), "--holdout", str(HOLDOUT),
+            "--eval-every", str(evaluation_interval(steps, 1)), "--target-accuracy", TARGET,
+            "--seed", os.environ.get("EDGETRAIN_TORCHRUN_SEED", "44")]
+
+
+def first_step(n: int) -> str:
+    """Rank 0's first progress line begins so."""
+    args = script_args(n)
+    return f"epoch 1/{args[args.index('--epochs') + 1]} step 1/"
 
 
 @dataclass
@@ -51,6 +76,17 @@ class Timing:
     wall: float
     first_step: float  # seconds from the command to rank 0's first progress line
     rate: float  # the second epoch's img/s
+    to_target: float | None = None  # seconds from the command to rank 0's line that the target was reached
+    images: int | None = None  # the images trained on by then
+    test_accuracy: float | None = None
+
+
+def reached(said: TimedOutput, log: str) -> dict:
+    """When and after how many images the script said it reached the target, and its test accuracy."""
+    found, test = REACHED.search(log), TEST_ACCURACY.search(log)
+    return {"to_target": said.said("reached held-out accuracy") if found else None,
+            "images": int(found.group(1).replace(",", "")) if found else None,
+            "test_accuracy": float(test.group(1)) if test else None}
 
 
 def steady_rate(log: str, n: int) -> float:
@@ -63,7 +99,7 @@ def steady_rate(log: str, n: int) -> float:
 def through_edgetrain(cluster, inventory: str, n: int) -> Timing:
     runs_before, start = cluster.run_ids(), time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "run", str(SCRIPT), "--np", str(n), "--strategy", "torch",
-                             "-i", inventory, "--hang-timeout", "120", "--", *ARGS],
+                             "-i", inventory, "--hang-timeout", "120", "--", *script_args(n)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **cluster.env})
     said = TimedOutput(proc)
     proc.wait(timeout=1800)
@@ -72,9 +108,14 @@ def through_edgetrain(cluster, inventory: str, n: int) -> Timing:
     assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
     run_dir = cluster.runs / cluster.new_run(runs_before)
     (run_dir / "console.txt").write_text(said.console(start))
-    first = said.said(FIRST_STEP)
+    first = said.said(first_step(n))
     assert first is not None, "".join(said.out)[-3000:]
-    return Timing(wall, first - start, steady_rate((run_dir / "rank.0.log").read_text(), n))
+    log = (run_dir / "rank.0.log").read_text()
+    return Timing(wall, first - start, steady_rate(log, n), **since(reached(said, log), start))
+
+
+def since(result: dict, start: float) -> dict:
+    return {**result, "to_target": None if result["to_target"] is None else result["to_target"] - start}
 
 
 def through_horovod(cluster, inventory: str, n: int) -> Timing:
@@ -107,7 +148,7 @@ def through_torchrun(cluster, n: int) -> Timing:
                "-e", "GLOO_SOCKET_IFNAME=eth0", "-e", "OMP_NUM_THREADS=1", images.TARGETS["amd64"].tag,
                "torchrun", "--nnodes", str(n), "--node_rank", str(i), "--nproc_per_node", "1",
                "--master_addr", nodes[0].address, "--master_port", str(PORT), "--redirects", "2", "--tee", "2",
-               "train.py", *ARGS, "--data", "/data/mnist"]
+               "train.py", *script_args(n), "--data", "/data/mnist"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     said = [TimedOutput(p) for p in procs]
     try:
@@ -121,9 +162,9 @@ def through_torchrun(cluster, n: int) -> Timing:
     wall = time.monotonic() - start
     out = "".join(said[0].out)
     assert [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + out[-3000:]
-    first = said[0].said(FIRST_STEP)
+    first = said[0].said(first_step(n))
     assert first is not None, out[-3000:]
-    return Timing(wall, first - start, steady_rate(out, n))
+    return Timing(wall, first - start, steady_rate(out, n), **since(reached(said[0], out), start))
 
 
 def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, conditions, report):
@@ -138,6 +179,9 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, condi
     # at each N where a node joins).
     for node in cluster.bed.state.nodes[:max(COUNTS)]:
         cluster.docker(node.name, "run", "--rm", "--network", "none", images.TARGETS["amd64"].tag, "python3", "-c", "import torch")
+    if TARGET is not None:
+        race(cluster, inventory, conditions, report)
+        return
     rows = []
     for n in COUNTS:
         et, tr, hv = through_edgetrain(cluster, inventory, n), through_torchrun(cluster, n), through_horovod(cluster, inventory, n)
@@ -147,4 +191,26 @@ def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, condi
                     f"edgetrain's Horovod LeNet {hv.rate:.0f} img/s, first step {hv.first_step:.1f} s from the launch, wall {hv.wall:.1f} s")
         print(rows[-1], flush=True)
     report[f"torch DDP LeNet, {conditions}, 2 x {STEPS} steps: edgetrain vs torchrun by hand, and Horovod LeNet"] = "; ".join(rows)
+    assert cluster.leftovers() == {}
+
+
+def race(cluster, inventory: str, conditions: str, report) -> None:
+    """The same script to TARGET through each launcher at every N in COUNTS, the launchers taking
+    turns at going first so that the machine's drift does not always fall on the same one."""
+    rows = []
+    for i, n in enumerate(COUNTS):
+        launchers = [("edgetrain", lambda: through_edgetrain(cluster, inventory, n)), ("torchrun", lambda: through_torchrun(cluster, n))]
+        timed = {name: run() for name, run in (launchers[::-1] if i % 2 else launchers)}
+        et, tr = timed["edgetrain"], timed["torchrun"]
+        row = f"N={n}: " + "; ".join(
+            f"{name} {t.rate:.0f} img/s, first step {t.first_step:.1f} s, "
+            + (f"{TARGET} at {t.to_target:.1f} s ({t.to_target - t.first_step:.1f} s from the first step) after {t.images:,} images"
+               if t.to_target is not None else f"{TARGET} not reached") + f", test {t.test_accuracy}, wall {t.wall:.1f} s"
+            for name, t in timed.items())
+        if et.to_target is not None and tr.to_target is not None:
+            row += (f"; edgetrain {tr.to_target / et.to_target:.2f}x torchrun's speed to {TARGET} from the command, "
+                    f"{(tr.to_target - tr.first_step) / (et.to_target - et.first_step):.2f}x from the first step")
+        rows.append(row)
+        print(row, flush=True)
+    report[f"torch DDP LeNet to {TARGET} held-out, {conditions}: edgetrain vs torchrun by hand"] = "; ".join(rows)
     assert cluster.leftovers() == {}
