@@ -53,6 +53,8 @@ PORT = 29610
 COUNTS = tuple(int(n) for n in os.environ.get("EDGETRAIN_TORCHRUN_N", "1 2 3").split())
 TARGET = os.environ.get("EDGETRAIN_TORCHRUN_TARGET")
 HOLDOUT, BATCH = 6000, 64  # BATCH: the script's own default
+EPOCHS = "2" if TARGET is None else os.environ.get("EDGETRAIN_TORCHRUN_EPOCHS", "6")
+FIRST_STEP = f"epoch 1/{EPOCHS} step 1/"  # rank 0's first progress line begins so
 # torch 1.13 can deadlock as a DDP script returns (docs/cli.md); edgetrain keeps the process groups
 # so it cannot, torchrun does not, and a hung rank there would stall the race for half an hour.
 HUNG_AFTER_S = 120
@@ -61,17 +63,11 @@ HUNG_AFTER_S = 120
 def script_args(n: int) -> list[str]:
     """The script's arguments at n ranks: 2 x STEPS steps, or the race to TARGET."""
     if TARGET is None:
-        return ["--epochs", "2", "--steps-per-epoch", str(STEPS)]
+        return ["--epochs", EPOCHS, "--steps-per-epoch", str(STEPS)]
     steps = -(-datasets.trained_on("mnist", HOLDOUT) // (BATCH * n))
-    return ["--epochs", os.environ.get("EDGETRAIN_TORCHRUN_EPOCHS", "6"), "--holdout", str(HOLDOUT),
+    return ["--epochs", EPOCHS, "--holdout", str(HOLDOUT),
             "--eval-every", str(evaluation_interval(steps, 1)), "--target-accuracy", TARGET,
             "--seed", os.environ.get("EDGETRAIN_TORCHRUN_SEED", "44")]
-
-
-def first_step(n: int) -> str:
-    """Rank 0's first progress line begins so."""
-    args = script_args(n)
-    return f"epoch 1/{args[args.index('--epochs') + 1]} step 1/"
 
 
 @dataclass
@@ -85,10 +81,11 @@ class Timing:
     hung: bool = False  # a rank had not ended HUNG_AFTER_S after rank 0's last line (its containers removed)
 
 
-def reached(said: TimedOutput, log: str) -> dict:
-    """When and after how many images the script said it reached the target, and its test accuracy."""
+def reached(said: TimedOutput, log: str, start: float) -> dict:
+    """How long after ``start`` and after how many images the script said it reached the target,
+    and its test accuracy."""
     found, test = REACHED.search(log), TEST_ACCURACY.search(log)
-    return {"to_target": said.said("reached held-out accuracy") if found else None,
+    return {"to_target": said.said("reached held-out accuracy") - start if found else None,
             "images": int(found.group(1).replace(",", "")) if found else None,
             "test_accuracy": float(test.group(1)) if test else None}
 
@@ -112,14 +109,10 @@ def through_edgetrain(cluster, inventory: str, n: int) -> Timing:
     assert proc.returncode == 0, "".join(said.out)[-3000:] + "".join(said.err)[-3000:]
     run_dir = cluster.runs / cluster.new_run(runs_before)
     (run_dir / "console.txt").write_text(said.console(start))
-    first = said.said(first_step(n))
+    first = said.said(FIRST_STEP)
     assert first is not None, "".join(said.out)[-3000:]
     log = (run_dir / "rank.0.log").read_text()
-    return Timing(wall, first - start, steady_rate(log, n), **since(reached(said, log), start))
-
-
-def since(result: dict, start: float) -> dict:
-    return {**result, "to_target": None if result["to_target"] is None else result["to_target"] - start}
+    return Timing(wall, first - start, steady_rate(log, n), **reached(said, log, start))
 
 
 def through_horovod(cluster, inventory: str, n: int) -> Timing:
@@ -172,9 +165,9 @@ def through_torchrun(cluster, n: int) -> Timing:
     wall = time.monotonic() - start
     out = "".join(said[0].out)
     assert hung or [p.returncode for p in procs] == [0] * n, shlex.join(cmd) + "\n" + out[-3000:]
-    first = said[0].said(first_step(n))
+    first = said[0].said(FIRST_STEP)
     assert first is not None, out[-3000:]
-    return Timing(wall, first - start, steady_rate(out, n), **since(reached(said[0], out), start), hung=hung)
+    return Timing(wall, first - start, steady_rate(out, n), **reached(said[0], out, start), hung=hung)
 
 
 def test_ddp_through_edgetrain_against_torchrun_by_hand(cluster, emulated, conditions, report):
