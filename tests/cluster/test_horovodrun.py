@@ -243,8 +243,9 @@ def race(cluster, inventory: str, keys: bytes, conditions: str, report) -> None:
         et, hr = timed["edgetrain"], timed["horovodrun"]
         row = f"N={n}: " + "; ".join(f"{name} {t}" for name, t in timed.items())
         if et.to_target is not None and hr.to_target is not None:
-            # At 3 ranks and more the two paths can part: each launcher's Horovod cycle fuses the
-            # gradients differently, and Gloo's ring then sums some of them in another order.
+            # At 3 ranks and more the paths can part, even between two runs through one launcher:
+            # Horovod fuses whichever gradients are ready at each cycle, and Gloo's ring then sums
+            # some of them in another order (at 2 ranks a sum of two has one).
             row += (f"; edgetrain {hr.to_target / et.to_target:.2f}x horovodrun's speed to {RACE_TARGET} from the command, "
                     f"{hr.from_first_step / et.from_first_step:.2f}x from the first step, "
                     f"{(hr.from_first_step / hr.images) / (et.from_first_step / et.images):.2f}x per image trained")
