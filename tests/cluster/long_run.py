@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tests.conftest import ROOT, edgetrain, sigint_default
 
@@ -94,6 +97,16 @@ def cut_link(c: Cluster, node: str):
     finally:
         run("ip", "link", "set", n.veth, "up")
         c.bed.wait_ssh(n)
+
+
+# The line rank 0 prints once training ends (edgetrain.callbacks and the DDP example alike).
+TEST_ACCURACY = re.compile(r"test accuracy ([\d.]+)")
+
+
+def in_turns(race: int, launchers: list[tuple[str, Callable[[], Any]]]) -> dict[str, Any]:
+    """Each launcher's result, run in the order given on even races and reversed on odd ones, so that
+    the machine's drift does not always fall on the same one."""
+    return {name: run() for name, run in (launchers[::-1] if race % 2 else launchers)}
 
 
 def epoch_lines(said: TimedOutput) -> list[tuple[float, dict]]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import subprocess
 import tarfile
 import tempfile
@@ -41,7 +40,7 @@ from edgetrain.controller.bench import evaluation_interval
 from edgetrain.shared import datasets, job_options, progress, runs
 from edgetrain.shared.jobs import get as get_job
 
-from .long_run import TimedOutput, completed, epoch_lines
+from .long_run import TEST_ACCURACY, TimedOutput, completed, epoch_lines, in_turns
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
@@ -57,7 +56,6 @@ RACE_COUNTS = tuple(int(n) for n in os.environ.get("EDGETRAIN_HOROVODRUN_N", "1 
 HOLDOUT = 6000
 # Rank 0's progress events on horovodrun's stdout carry this mark (edgetrain.shared.progress).
 TOKEN = "horovodrun"
-TEST_ACCURACY = re.compile(r"test accuracy ([\d.]+)")
 
 
 @dataclasses.dataclass
@@ -239,7 +237,7 @@ def race(cluster, inventory: str, keys: bytes, conditions: str, report) -> None:
     for i, n in enumerate(RACE_COUNTS):
         launchers = [("edgetrain", lambda: race_through_edgetrain(cluster, inventory, n)),
                      ("horovodrun", lambda: race_through_horovodrun(cluster, n, keys))]
-        timed = {name: run() for name, run in (launchers[::-1] if i % 2 else launchers)}
+        timed = in_turns(i, launchers)
         et, hr = timed["edgetrain"], timed["horovodrun"]
         row = f"N={n}: " + "; ".join(f"{name} {t}" for name, t in timed.items())
         if et.to_target is not None and hr.to_target is not None:

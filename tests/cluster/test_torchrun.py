@@ -39,7 +39,7 @@ from edgetrain.shared import datasets
 from edgetrain.shared import runs
 from tests.conftest import ROOT
 
-from .long_run import TimedOutput
+from .long_run import TEST_ACCURACY, TimedOutput, in_turns
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
@@ -48,7 +48,6 @@ SCRIPT = ROOT / "examples" / "torch_ddp" / "train.py"
 STEPS = 100
 EPOCH = re.compile(r"epoch 2/\d+: loss [\d.]+, ([\d,]+) img/s on (\d+) ranks")
 REACHED = re.compile(r"reached held-out accuracy [\d.]+ after ([\d,]+) images")
-TEST_ACCURACY = re.compile(r"test accuracy ([\d.]+)")
 PORT = 29610
 COUNTS = tuple(int(n) for n in os.environ.get("EDGETRAIN_TORCHRUN_N", "1 2 3").split())
 TARGET = os.environ.get("EDGETRAIN_TORCHRUN_TARGET")
@@ -203,7 +202,7 @@ def race(cluster, inventory: str, conditions: str, report) -> None:
     rows = []
     for i, n in enumerate(COUNTS):
         launchers = [("edgetrain", lambda: through_edgetrain(cluster, inventory, n)), ("torchrun", lambda: through_torchrun(cluster, n))]
-        timed = {name: run() for name, run in (launchers[::-1] if i % 2 else launchers)}
+        timed = in_turns(i, launchers)
         et, tr = timed["edgetrain"], timed["torchrun"]
         row = f"N={n}: " + "; ".join(
             f"{name} {t.rate:.0f} img/s, first step {t.first_step:.1f} s, "
