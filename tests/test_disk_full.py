@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.shared import failures, runs
+from edgetrain.shared import checkpoints, failures, runs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.remote import Nodes
@@ -155,3 +155,19 @@ def test_a_metrics_line_that_meets_a_full_disk_is_named_in_the_failure_record(tm
     assert failures.disk_full(caught.value, full_disk) == (
         "its run directory's disk is full (No space left on device) while writing metrics.jsonl",
         "free disk space on that node, then resume")
+
+
+def test_a_checkpoint_manifest_that_meets_a_full_disk_is_named_in_the_failure_record(full_disk):
+    # The job's files fit and the disk fills just after (the run's own writes meeting another's): the
+    # manifest's write then fails in a flush, whose OSError carries no file name of its own.
+    def save(where: Path) -> None:
+        (where / "state").write_bytes(b"\0" * 4096)
+        fill(full_disk)
+
+    with pytest.raises(OSError) as caught:
+        checkpoints.write(full_disk / "checkpoints", 2, "lenet", {"epoch": 2}, save)
+    assert caught.value.filename is not None and caught.value.filename.endswith("/manifest.json")
+    assert failures.disk_full(caught.value, full_disk) == (
+        "its run directory's disk is full (No space left on device) while writing checkpoints/epoch-0002",
+        "free disk space on that node, then resume")
+    assert list((full_disk / "checkpoints").iterdir()) == []  # no half-assembled checkpoint is left

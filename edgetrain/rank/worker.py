@@ -24,7 +24,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from edgetrain.shared import failures, mpi, progress, tempdirs, workdir
+from edgetrain.shared import checkpoints, failures, mpi, progress, tempdirs, workdir
 from edgetrain.rank import pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
@@ -161,7 +161,8 @@ def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Ma
     out = workdir.changed(workdir.Manifest(outputs, ()), outputs) if outputs.is_dir() else {}
     tmp = run_dir / f".{OUTPUTS}.tmp"
     try:
-        tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
+        with checkpoints.naming(run_dir / OUTPUTS):
+            tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
         os.replace(tmp, run_dir / OUTPUTS)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk: no half-written list is left behind

@@ -13,7 +13,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,18 @@ class Checkpoint:
     @property
     def job(self) -> str:
         return str(self.manifest["job"])
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Writes to ``path`` whose failure names it: an OSError raised by a write or a flush on an open
+    file carries no file name, and a full disk's failure record says what was being written."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
 
 
 def fsync_dir(path: Path) -> None:
@@ -69,7 +82,7 @@ def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path]
             "host": socket.gethostname(),
             **(extra or {}),
         }
-        with open(tmp / MANIFEST, "w") as f:
+        with naming(tmp / MANIFEST), open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

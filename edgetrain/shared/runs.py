@@ -61,13 +61,9 @@ class Run:
         return self.path / METRICS
 
     def append_metrics(self, records: list[dict]) -> None:
-        """Rank 0's records, a line each. A write that fails names the file (a full disk's
-        failure record then says what was being written)."""
-        try:
-            with open(self.metrics_file, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, str(self.metrics_file)) from exc
+        """Rank 0's records, a line each."""
+        with checkpoints.naming(self.metrics_file), open(self.metrics_file, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
 
     @property
     def checkpoints(self) -> Path:
