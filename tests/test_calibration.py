@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from tests.cluster.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, fair_share, search_quota
+from tests.cluster.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, Emulation, fair_share, search_quota
 
 CORES = 2
 
@@ -96,3 +96,17 @@ def test_beside_busy_neighbours_the_search_stays_within_the_share_it_measured_un
     found, tol = search_quota(m.measure, 250, m.true_rate(CORES * 10_000, 10_000), share, 10_000, log=lambda _: None)
     assert max(m.asked) <= share
     assert abs(m.true_rate(found.quota_us, found.period_us) - 250) <= (tol + 0.04) * 250
+
+
+def test_a_layout_this_machine_cannot_give_its_cpu_is_named():
+    """The quotas of two sessions' calibrations on this machine's 2 cores: the optimistic bracket's
+    3 nodes (quota and communication group each) asked more than the machine has; 2 nodes of it,
+    and 4 nodes of the pessimistic bracket's, fit."""
+    optimistic = Emulation("pi4:250", 250.0, 10_000, 4_262, comm_quota_us=4_800, neighbours=2)
+    pessimistic = Emulation("pi4:250", 250.0, 10_000, 4_732)
+    said = optimistic.overcommit(3, CORES)
+    assert said is not None and said.startswith("3 emulated nodes ask 2.72 of this machine's 2 cores"), said
+    assert "0.426 each + 0.480 for communication" in said, said
+    assert optimistic.overcommit(2, CORES) is None
+    assert pessimistic.overcommit(4, CORES) is None
+    assert pessimistic.overcommit(5, CORES) is not None

@@ -9,7 +9,7 @@ import time
 
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
-from .emulation import DEFAULT_PERIOD_US, calibrate, parse_profile
+from .emulation import DEFAULT_PERIOD_US, calibrate, machine_cores, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
 
 
@@ -33,6 +33,14 @@ def pi4(profile: str, period_us: int, comm: str = "pi-core", neighbours: int = 0
                          comm=COMM_CHOICES[comm], neighbours=neighbours, log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
+
+
+def emulate(bed: Testbed, emulation) -> None:
+    """``bed.emulate``, saying so where this machine cannot give every node its CPU at once."""
+    bed.emulate(emulation)
+    overcommitted = emulation and emulation.overcommit(len(bed.state.nodes), machine_cores())
+    if overcommitted:
+        print(f"warning: {overcommitted}", file=sys.stderr)
 
 
 def cpu_window(bed: Testbed, seconds: float) -> dict[str, dict[str, float]]:
@@ -98,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "up":
         emulation = pi4(args.emulate, args.period_us, args.comm, 0 if args.alone else args.nodes - 1) if args.emulate else None
         bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
-        bed.emulate(emulation)
+        emulate(bed, emulation)
         print(json.dumps(bed.status(), indent=2))
     elif args.cmd == "emulate":
         bed = load(args.id)
         busy = 0 if args.alone else len(bed.state.nodes) - 1
-        bed.emulate(None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm, busy))
+        emulate(bed, None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm, busy))
         print(json.dumps(bed.state.emulation))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():

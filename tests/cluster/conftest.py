@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
 from tests.conftest import edgetrain
 
-from .emulation import PI4_RATES, Emulation, calibrate
+from .emulation import PI4_RATES, Emulation, calibrate, machine_cores
 from .playbook import Playbook
 from .testbed import DEFAULT_ROOT, Testbed, run
 
@@ -83,6 +84,9 @@ def pi4(testbed) -> Emulation:
 @pytest.fixture
 def emulated(testbed, pi4) -> Testbed:
     """The session's testbed with every node a Pi 4's CPU, given back whole afterwards."""
+    overcommitted = pi4.overcommit(len(testbed.state.nodes), machine_cores())
+    if overcommitted:
+        warnings.warn(overcommitted, stacklevel=1)
     testbed.emulate(pi4)
     try:
         yield testbed
@@ -92,8 +96,11 @@ def emulated(testbed, pi4) -> Testbed:
 
 @pytest.fixture
 def conditions(testbed, pi4) -> str:
-    """What a bench ran under, for its report: the emulated Pi, the bracket, the links."""
-    return f"emulated Pi 4 at {pi4.images_per_sec:g} img/s, {BRACKET} bracket, {testbed.state.link_mbit} Mbit/s links"
+    """What a bench ran under, for its report: the emulated Pi, the bracket, the links, and whether
+    this machine could give the nodes their CPU."""
+    overcommitted = pi4.overcommit(len(testbed.state.nodes), machine_cores())
+    return (f"emulated Pi 4 at {pi4.images_per_sec:g} img/s, {BRACKET} bracket, {testbed.state.link_mbit} Mbit/s links"
+            + (f" ({overcommitted})" if overcommitted else ""))
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,20 @@ class Emulation:
     def comm_cores(self) -> float | None:
         return self.comm_quota_us / self.period_us if self.comm_quota_us else None
 
+    def overcommit(self, nodes: int, cores: float) -> str | None:
+        """Why ``nodes`` such nodes cannot all have their CPU at once on ``cores`` cores, or None when
+        they can. A node training may use its quota and its communication group's together (idle
+        nodes train stand-ins under the optimistic bracket); beyond the machine's cores the nodes
+        wait for each other, and every figure at more nodes leans low, by more than the brackets
+        differ (a fashion bench at 3 nodes that asked 2.7 of 2 cores measured E(N) 21-27 points
+        under its prediction, and under the pessimistic bracket's)."""
+        asked = nodes * (self.cores + (self.comm_cores or 0))
+        if asked <= cores:
+            return None
+        return (f"{nodes} emulated nodes ask {asked:.2f} of this machine's {cores:g} cores "
+                f"({self.cores:.3f} each{f' + {self.comm_cores:.3f} for communication' if self.comm_cores else ''}): "
+                "figures at more nodes lean low")
+
 
 def parse_profile(spec: str) -> float:
     """``pi4`` (250 img/s), ``pi4-slow``, ``pi4-fast``, or ``pi4:RATE`` for a measured Pi's figure."""
@@ -166,6 +180,13 @@ class SeedMeter:
         return self._next_event()["images_per_sec"]
 
 
+def machine_cores() -> float:
+    """The cores the emulated nodes share: this process's CPUs, or fewer where a group above it caps them."""
+    cores = len(os.sched_getaffinity(0))
+    cap = own_cap()
+    return min(cores, cap) if cap else cores
+
+
 def measurement_steps(target: float) -> int:
     """About 10 s of training per measurement at the target rate."""
     return max(20, int(target * 10 / 64))
@@ -234,7 +255,7 @@ def quota_at(cores: float, period_us: int, max_cores: float) -> tuple[int, int]:
     return max(MIN_QUOTA_US, round(cores * period_us)), period_us
 
 
-def fair_share(cores: int, neighbours: int) -> float:
+def fair_share(cores: float, neighbours: int) -> float:
     """One process's share of the cores beside ``neighbours`` as busy: what its unthrottled rate
     was measured on, and the most a quota can give it. Above the share the processes contend for
     the cores, and a step measures the contention: on a machine where a node needs most of its
@@ -343,7 +364,7 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
             meter.limit(quota, period)
             return [meter.measure() for _ in range(MEASUREMENTS)]
 
-        found, tol = search_quota(measure, target, full, fair_share(len(os.sched_getaffinity(0)), neighbours), period_us, log)
+        found, tol = search_quota(measure, target, full, fair_share(machine_cores(), neighbours), period_us, log)
     comm_quota = round(pi_core * found.period_us) if pi_core else None
     if cache is not None:
         known.setdefault(key, {})[f"{target:g}"] = {"quota_us": found.quota_us, "period_us": found.period_us,
