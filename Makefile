@@ -7,6 +7,9 @@ EPOCHS ?= 1
 # System packages the tests need on top of the training stack: the multi-node testbed
 # (network namespaces, sshd) and the image builds (Docker engine, debootstrap).
 TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo strace
+# The suite in two lanes, the testbed's tests in one and the rest in the other (tests/conftest.py
+# says why); TEST_LANES= runs it in one.
+TEST_LANES ?= -n 2
 
 .PHONY: setup train test test-arm64 test-cuda
 
@@ -18,7 +21,7 @@ train: setup
 
 test:
 	EDGETRAIN_TORCH=1 EXTRA_SYSTEM_PACKAGES="$(TEST_SYSTEM_PACKAGES)" scripts/setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(TEST_LANES) $(PYTEST_ARGS)
 
 # The arm64 (Raspberry Pi 4) image, built and checked under qemu emulation: hours on 2 cores.
 test-arm64:

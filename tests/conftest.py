@@ -9,11 +9,14 @@ EDGETRAIN_TEST_DOCKER_ROOT to keep the private engine's data (and so its build c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -34,9 +37,86 @@ OPT_IN = {
 }
 
 
+# `make test` runs the suite in two lanes (pytest-xdist, -n 2): the tests under TESTBED_DIRS in
+# one, where the testbed and the tests' Docker engine are made once, the rest in the other. One lane
+# left a third of the 2 cores idle over the suite: leases running out, ssh, ansible and
+# single-threaded steps. A test whose figure the other lane's load would skew (the Pi emulation's
+# calibration, a bench) has the machine to itself: the other lane waits between tests.
+TESTBED_DIRS = ("tests/cluster/", "tests/images/")
+TESTBED_FIXTURES = {"testbed", "engine"}
+
+
+def needs_the_machine_alone(item: pytest.Item) -> bool:
+    return "pi4" in item.fixturenames or item.get_closest_marker("bench") is not None
+
+
+class Lanes:
+    """A lock the lanes share (flock on two files named by the run): a test holds it shared, or
+    alone where it needs the machine. The gate stops new shared holders while one waits to be alone."""
+
+    def __init__(self, run: str):
+        self.paths = [Path(tempfile.gettempdir()) / f"edgetrain-lanes-{run}.{part}" for part in ("gate", "lock")]
+        self.gate, self.lock = (open(path, "a") for path in self.paths)
+
+    @contextlib.contextmanager
+    def held(self, alone: bool):
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        for f, path in zip((self.gate, self.lock), self.paths):
+            f.close()
+            path.unlink(missing_ok=True)  # the other lane keeps its own descriptors, if it still runs
+
+
+LANES = pytest.StashKey[Lanes]()
+
+
 def pytest_configure(config) -> None:
     for name, text in OPT_IN.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    workerinput = getattr(config, "workerinput", None)  # a lane of pytest-xdist
+    if workerinput is not None:
+        config.stash[LANES] = Lanes(workerinput["testrunuid"])
+
+
+def pytest_unconfigure(config) -> None:
+    lanes = config.stash.get(LANES, None)
+    if lanes is not None:
+        lanes.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    lanes = item.config.stash.get(LANES, None)
+    if lanes is None:
+        return (yield)
+    with lanes.held(alone=needs_the_machine_alone(item)):
+        return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's
+def pytest_xdist_make_scheduler(config, log):
+    """Tests share out one by one, those under TESTBED_DIRS as one unit. (pytest-xdist's own
+    --dist loadgroup would group them by a mark, but with pytest 9.2 it silently stopped: the
+    group it writes into a test's node id no longer takes, pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return TESTBED_DIRS[0] if nodeid.startswith(TESTBED_DIRS) else nodeid
+
+    return LaneScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -46,6 +126,38 @@ def pytest_collection_modifyitems(config, items) -> None:
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+    for item in items:
+        if TESTBED_FIXTURES & set(item.fixturenames) and not item.nodeid.startswith(TESTBED_DIRS):
+            raise pytest.UsageError(f"{item.nodeid} uses the testbed or the tests' Docker engine: it belongs under "
+                                    f"{' or '.join(TESTBED_DIRS)}, whose tests run in one lane (a second would make them again)")
+
+
+# What the session measured and built (the testbed's figures, the images), printed at its end.
+# A lane hands its lines to the process that prints the summary.
+SUMMARY: dict[str, list[str]] = {}
+
+
+def summarize(section: str, line: str) -> None:
+    SUMMARY.setdefault(section, []).append(line)
+
+
+def pytest_sessionfinish(session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["edgetrain_summary"] = SUMMARY
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: a lane has ended
+def pytest_testnodedown(node, error) -> None:
+    for section, lines in getattr(node, "workeroutput", {}).get("edgetrain_summary", {}).items():
+        SUMMARY.setdefault(section, []).extend(lines)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for section, lines in SUMMARY.items():
+        terminalreporter.write_sep("-", section)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture
@@ -107,9 +219,6 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
-BUILDS: list[images.BuildResult] = []
-
-
 @pytest.fixture(scope="session")
 def engine() -> Iterator[docker_engine.DockerEngine]:
     """The Docker engine DOCKER_HOST names if one answers, else a private one stopped at the end."""
@@ -150,7 +259,8 @@ def build_target(name: str, engine: docker_engine.DockerEngine, cache_dir: Path)
         apt_mirror=os.environ.get("EDGETRAIN_APT_MIRROR"),
         apt_proxy=os.environ.get("EDGETRAIN_APT_PROXY"),
     )
-    BUILDS.append(result)
+    summarize("images built", f"image {result.tag}: {result.image_id[7:19]}, {result.size_bytes / 1e9:.2f} GB, "
+                               f"built in {result.seconds:.0f} s from {result.base_image}")
     return result
 
 
@@ -165,10 +275,3 @@ def amd64_build(engine, cache_dir) -> Iterator[Future]:
 @pytest.fixture(scope="session")
 def amd64_image(amd64_build) -> images.BuildResult:
     return amd64_build.result()
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    for b in BUILDS:
-        terminalreporter.write_line(
-            f"image {b.tag}: {b.image_id[7:19]}, {b.size_bytes / 1e9:.2f} GB, built in {b.seconds:.0f} s from {b.base_image}"
-        )

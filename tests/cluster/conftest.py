@@ -23,7 +23,7 @@ import yaml
 
 from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
-from tests.conftest import edgetrain
+from tests.conftest import edgetrain, summarize
 
 from .emulation import PI4_RATES, Emulation, calibrate, machine_cores
 from .playbook import Playbook
@@ -162,20 +162,17 @@ def converged(playbook, site_vars):
     return result
 
 
-FIGURES: dict[str, str] = {}
+class Report:
+    """Figures measured by the tests (times, bandwidth): ``report[what] = figure``, printed in the
+    terminal summary."""
+
+    def __setitem__(self, what: str, figure: str) -> None:
+        summarize("testbed figures", f"{what}: {figure}")
 
 
 @pytest.fixture(scope="session")
-def report() -> dict[str, str]:
-    """Figures measured by the tests (times, bandwidth), printed in the terminal summary."""
-    return FIGURES
-
-
-def pytest_terminal_summary(terminalreporter):
-    if FIGURES:
-        terminalreporter.write_sep("-", "testbed figures")
-        for key, value in FIGURES.items():
-            terminalreporter.write_line(f"{key}: {value}")
+def report() -> Report:
+    return Report()
 
 
 # --- the testbed as a container cluster: engines per node, the amd64 image on every node ---------
