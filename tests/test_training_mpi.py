@@ -273,6 +273,10 @@ def stop_and_wait(proc, sig: int, pid: int) -> tuple[str, float]:
     return err, time.time() - sent
 
 
+# Beside the other lane of `make test`, once in one run of the suite, the failure named rank 0 (Hydra
+# reported rank 0's pid, exit code 9) for the rank 1 this test killed; not understood yet, so it
+# runs as it always had, with the machine to itself, and the misnaming stays open (CONTRIBUTING.md).
+@pytest.mark.alone
 def test_a_dying_rank_ends_the_run_and_is_named(tmp_path):
     """Kill rank 1 mid-training: the run must end promptly, naming rank 1."""
     proc = long_run(tmp_path)
