@@ -47,7 +47,7 @@ TESTBED_FIXTURES = {"testbed", "engine"}
 
 
 def needs_the_machine_alone(item: pytest.Item) -> bool:
-    return "pi4" in item.fixturenames or any(item.get_closest_marker(name) for name in ("bench", "alone"))
+    return "pi4" in item.fixturenames or item.get_closest_marker("bench") is not None
 
 
 class Lanes:
