@@ -81,10 +81,15 @@ def pi4(testbed) -> Emulation:
                      comm=not pessimistic, neighbours=0 if pessimistic else len(testbed.state.nodes) - 1)
 
 
+@pytest.fixture(scope="session")
+def overcommitted(testbed, pi4) -> str | None:
+    """Why this machine cannot give every emulated node its CPU at once, or None when it can."""
+    return pi4.overcommit(len(testbed.state.nodes), machine_cores())
+
+
 @pytest.fixture
-def emulated(testbed, pi4) -> Testbed:
+def emulated(testbed, pi4, overcommitted) -> Testbed:
     """The session's testbed with every node a Pi 4's CPU, given back whole afterwards."""
-    overcommitted = pi4.overcommit(len(testbed.state.nodes), machine_cores())
     if overcommitted:
         warnings.warn(overcommitted, stacklevel=1)
     testbed.emulate(pi4)
@@ -95,10 +100,9 @@ def emulated(testbed, pi4) -> Testbed:
 
 
 @pytest.fixture
-def conditions(testbed, pi4) -> str:
+def conditions(testbed, pi4, overcommitted) -> str:
     """What a bench ran under, for its report: the emulated Pi, the bracket, the links, and whether
     this machine could give the nodes their CPU."""
-    overcommitted = pi4.overcommit(len(testbed.state.nodes), machine_cores())
     return (f"emulated Pi 4 at {pi4.images_per_sec:g} img/s, {BRACKET} bracket, {testbed.state.link_mbit} Mbit/s links"
             + (f" ({overcommitted})" if overcommitted else ""))
 
