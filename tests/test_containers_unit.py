@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from edgetrain.controller import blame, containers, inventory, placement, preflight
+from edgetrain.rank import keeper
 from edgetrain.shared import datasets, failures, runs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host, Inventory
@@ -142,6 +144,26 @@ def test_a_damaged_failure_record_is_skipped_and_hydras_report_names_the_rank(tm
     found = _blame(tmp_path, plan, ["BAD TERMINATION", "PID 4242 RUNNING AT 198.18.0.5", "EXIT CODE: 9"])
     assert (found.rank, found.host) == (1, "node2")
     assert found.error == "process 4242 ended abnormally (exit code 9)"
+
+
+def test_hydra_reports_a_keepers_pid_and_the_rank_it_keeps_is_named(tmp_path):
+    plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
+    (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 4243, keeper 4242)\ntraining\n")
+    found = _blame(tmp_path, plan, ["BAD TERMINATION", "PID 4242 RUNNING AT 198.18.0.5", "EXIT CODE: 9"])
+    assert (found.rank, found.host) == (1, "node2")
+
+
+def test_a_rank_a_signal_ended_is_named_from_its_keepers_record_not_the_rank_hydra_reports(tmp_path):
+    """Hydra may report a rank it ended itself (the lowest, rank 0, with the SIGKILL of its
+    cleanup); the keeper of the rank that went first wrote what ended it."""
+    plan = placement.plan(Inventory(Path("inv"), (host("head", groups=("head", "rpi")), host("node2"))), 2)
+    (tmp_path / "rank.0.log").write_text("rank 0/2 on head (pid 101, keeper 100)\n")
+    (tmp_path / "rank.1.log").write_text("rank 1/2 on node2 (pid 201, keeper 200)\n")
+    error, fix = keeper.failure(signal.SIGKILL)
+    failures.write(tmp_path, 1, "node2", error, None, fix=fix, kind=failures.Kind.SIGNAL)
+    found = _blame(tmp_path, plan, ["BAD TERMINATION", "PID 100 RUNNING AT 198.18.0.4", "EXIT CODE: 9"])
+    assert (found.rank, found.host) == (1, "node2")
+    assert found.error == f"killed by SIGKILL (signal 9) - {fix}" and "out-of-memory" in fix
 
 
 GLOO_RESET = ("UnknownError: Graph execution error:\n\nDetected at node HorovodAllreduce_grads_6_0 defined at ...\n"

@@ -28,6 +28,8 @@ UNRESUMABLE = (
 )
 TAIL_BYTES = 64 * 1024  # of a rank's log, for its last lines
 LINE_CHARS = 4096  # of a rank's log line, for the line its worker logs when it starts
+# That line: "rank 1/4 on node2 (pid 812, keeper 811)"; logs of earlier versions name no keeper.
+STARTED = re.compile(r"rank (?P<rank>\d+)/\d+ on (?P<host>\S+) \(pid (?P<pid>\d+)(?:, keeper (?P<keeper>\d+))?\)")
 
 
 @dataclass(frozen=True)
@@ -71,15 +73,16 @@ class Observed:
 
     @cached_property
     def rank_hosts(self) -> dict[str, list[tuple[int, str]]]:
-        """pid -> [(rank, hostname)], from the line each rank's worker logs when it starts."""
+        """pid -> [(rank, hostname)], the rank's and its keeper's (the process Hydra reports),
+        from the line each rank's worker logs when it starts."""
         pids: dict[str, list[tuple[int, str]]] = {}
         for log in self.run.logs():
             with open(log, errors="replace") as f:
                 # A line is read in bounded pieces: a rank may print megabytes without a newline.
                 while line := f.readline(LINE_CHARS):
-                    words = line.split()
-                    if len(words) >= 5 and words[0] == "rank" and words[2] == "on" and words[4] == "(pid":
-                        pids.setdefault(words[5].rstrip(")"), []).append((int(words[1].split("/")[0]), words[3]))
+                    if m := STARTED.match(line):
+                        for pid in filter(None, (m["pid"], m["keeper"])):
+                            pids.setdefault(pid, []).append((int(m["rank"]), m["host"]))
         return pids
 
     def tail(self, rank: int, n: int = 15) -> tuple[str, ...]:

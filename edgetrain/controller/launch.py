@@ -7,7 +7,6 @@ its end (completed, failed, interrupted), and the runtime removes what it starte
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import posixpath
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from edgetrain import __version__
 from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, progress, record, runs, strategies, workdir
+from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, strategies, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
@@ -540,8 +539,7 @@ def _die_with_parent() -> None:
     """In the child, before exec: end (SIGTERM) when this edgetrain dies, however it dies. Hydra
     then ends the ranks on the host runtime; on the docker runtime the ssh to the head goes, and
     the containers' leases end the rest."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    lifetime.end_with_parent(signal.SIGTERM)
 
 
 def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:

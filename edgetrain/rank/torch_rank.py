@@ -30,6 +30,7 @@ from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.strategies import fill_placeholders
 
 JOIN_TIMEOUT_S = 60.0
+LEAVE_TIMEOUT_S = 10.0  # how long rank 0 waits at its end for the others' scripts to end
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ def join(place: Place, timeout: float = JOIN_TIMEOUT_S) -> None:
                              "and that nothing filters the port (--master-port)") from None
     store.set(f"edgetrain/joined/{place.rank}", "1")
     store.add("edgetrain/joined", 1)
+    _JOINED.append((store, place))
     if place.rank == 0:
         _await_all(store, place, timeout)
         store.set("edgetrain/go", "1")
@@ -152,6 +154,30 @@ def join(place: Place, timeout: float = JOIN_TIMEOUT_S) -> None:
                              f"rank did within {timeout:.0f} s ({str(exc).splitlines()[0]})",
                              "see the ranks rank 0 names as missing") from None
     store.add("edgetrain/left", 1)
+
+
+# The join's store and this rank's place, kept to the rank's end (leave).
+_JOINED: list[tuple[object, Place]] = []
+
+
+def leave(timeout: float = LEAVE_TIMEOUT_S) -> None:
+    """Rank 0 stays until every other rank's script has ended, for at most ``timeout``: it holds
+    torch's store, and a rank still in ``init_process_group`` when it goes fails there (torch 1.13
+    sets a group's sequence number through the store after its barrier: a script that only
+    initializes failed so on rank 1 in 2 runs of 10). Under torchrun the store lives in the agent,
+    which outlives its workers. A rank 0 whose script ended early still goes once the time is up."""
+    if not _JOINED:
+        return
+    store, place = _JOINED[0]
+    try:
+        if place.rank != 0:
+            store.add("edgetrain/ended", 1)
+            return
+        until = time.monotonic() + timeout
+        while store.add("edgetrain/ended", 0) < place.size - 1 and time.monotonic() < until:
+            time.sleep(0.05)
+    except RuntimeError:
+        pass  # rank 0 is gone: nothing here is left to wait for
 
 
 def _await_all(store, place: Place, timeout: float) -> None:

@@ -5,7 +5,8 @@ sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts
 the rank's working copy of the shipped folder with the node's datasets where Keras looks for
 them, sets up the rank's environment as its strategy says (edgetrain.shared.strategies), and records how the rank
 ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
-list of files the program wrote (``outputs.json``) for ``edgetrain collect``.
+list of files the program wrote (``outputs.json``) for ``edgetrain collect``. A rank that a signal
+ends cannot write its record: its keeper does (edgetrain.rank.keeper).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from edgetrain.shared import checkpoints, failures, mpi, progress, tempdirs, workdir
-from edgetrain.rank import pmi
+from edgetrain.rank import keeper, pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
 from edgetrain.shared.runs import OUTPUTS, RUN_AS
@@ -177,12 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     rank, size = mpi.rank_and_size()
     run_dir = args.run_dir
     failures.clear(run_dir, rank)
+    log = run_dir / f"rank.{rank}.log"
+    keeper_pid = keeper.keep(run_dir, rank, log)  # from here on, this is the rank's own process
     # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    console, pump = _redirect(run_dir / f"rank.{rank}.log", tee=rank == 0 and not args.quiet)
+    console, pump = _redirect(log, tee=rank == 0 and not args.quiet)
     events = Events(os.fdopen(console, "w", buffering=1), enabled=rank == 0 and bool(args.events_token), token=args.events_token)
     host = socket.gethostname()
-    _say(f"rank {rank}/{size} on {host} (pid {os.getpid()})")
+    _say(f"rank {rank}/{size} on {host} (pid {os.getpid()}, keeper {keeper_pid})")
     # TensorFlow's autograph writes the functions it converts to temp files that only an atexit
     # hook removes, and the os._exit below skips those hooks: they go in a directory of our own.
     scratch = tempfile.tempdir = tempdirs.make(f"rank{rank}")
@@ -250,6 +253,8 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
             _say(f"edgetrain: could not list rank 0's outputs: {exc}")
+    if code == 0:
+        strategy.ended()
     return _ended(run_dir, rank, host, events) if code == 0 else code
 
 

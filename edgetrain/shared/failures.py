@@ -35,6 +35,7 @@ class Kind(str, enum.Enum):
     # Its script returned while the others were still in a collective. Its peers then fail too,
     # but it is the cause.
     ENDED_EARLY = "ended-early"
+    SIGNAL = "signal"  # a signal it did not catch ended it; its keeper wrote the record (edgetrain.rank.keeper)
 
 
 @dataclass(frozen=True)

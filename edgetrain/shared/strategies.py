@@ -107,6 +107,9 @@ class Strategy:
         """Checked after the program ended with status 0."""
         return None
 
+    def ended(self) -> None:
+        """The program ended with status 0 and nothing was unmet: what the rank does before it ends."""
+
     def advice(self, error: str) -> str | None:
         """A fix for a rank's error that says the script is written for another strategy."""
         if "MASTER_ADDR" in error or "torch.distributed" in error:
@@ -298,6 +301,11 @@ class Torch(Strategy):
                          "call dist.init_process_group(backend) and wrap the model in DistributedDataParallel "
                          "(examples/torch_ddp), or pass the strategy the script is written for", Kind.NO_INIT)
         return None
+
+    def ended(self) -> None:
+        from edgetrain.rank import torch_rank
+
+        torch_rank.leave()
 
     def advice(self, error: str) -> str | None:
         if "hvd.init" in error or "Horovod" in error:

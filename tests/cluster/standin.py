@@ -15,7 +15,6 @@ calibration runs as many stand-ins beside its measured process as the testbed ha
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgetrain.shared import tempdirs
+from edgetrain.shared import lifetime, tempdirs
 
 from .cpugroup import CpuGroup
 
@@ -33,12 +32,11 @@ SCRATCH = "seed"  # the kind of temp directory the seed process makes itself (se
 ROOT = Path(__file__).resolve().parents[2]
 # What a process that trains has mapped: TensorFlow's framework, or torch's CPU library.
 TRAINING_LIBRARIES = ("/libtensorflow_framework.so", "/libtorch_cpu.so")
-PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
     # A stand-in must not outlive whoever keeps it (a daemon killed by SIGKILL included).
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    lifetime.end_with_parent(signal.SIGKILL)
 
 
 def start(group: CpuGroup, python: str = sys.executable) -> subprocess.Popen:

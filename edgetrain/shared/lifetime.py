@@ -1,0 +1,14 @@
+"""A process that must not outlive its parent."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_parent(sig: signal.Signals) -> None:
+    """Have the kernel send ``sig`` to this process when its parent ends, however it ends (a
+    SIGKILL included). The kernel forgets it when the process changes user: call it after that."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
