@@ -30,7 +30,7 @@ from edgetrain.rank import keeper, pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
 from edgetrain.shared.runs import OUTPUTS, RUN_AS
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, horovod_module
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, Strategy, horovod_module
 
 # Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
 KERAS_LAYOUT = {
@@ -253,9 +253,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
             record_outputs(run_dir, cwd, outputs, manifest)
         except OSError as exc:
             _say(f"edgetrain: could not list rank 0's outputs: {exc}")
-    if code == 0:
-        strategy.ended()
-    return _ended(run_dir, rank, host, events) if code == 0 else code
+    return _ended(run_dir, rank, host, events, strategy) if code == 0 else code
 
 
 def _working_copy(args: argparse.Namespace, cwd: Path, outputs: Path) -> workdir.Manifest | None:
@@ -306,12 +304,14 @@ def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: li
         _KEPT.append(made)
 
 
-def _ended(run_dir: Path, rank: int, host: str, events: Events) -> int:
-    """The program returned: say so, and under Horovod wait for every rank at the final barrier."""
+def _ended(run_dir: Path, rank: int, host: str, events: Events, strategy: Strategy) -> int:
+    """The program returned: say so, do what the strategy does at a rank's end, and under Horovod
+    wait for every rank at the final barrier."""
     try:
         failures.mark_ended(run_dir, rank)
     except OSError:
         pass  # a hint for the launcher's attribution, not needed to finish
+    strategy.ended()
     hvd = horovod_module()
     if hvd is None:
         return 0

@@ -108,7 +108,8 @@ class Strategy:
         return None
 
     def ended(self) -> None:
-        """The program ended with status 0 and nothing was unmet: what the rank does before it ends."""
+        """The program ended with status 0 and nothing was unmet: what the rank does before it ends
+        (after it marked its end, so a rank that waits here is known to have ended)."""
 
     def advice(self, error: str) -> str | None:
         """A fix for a rank's error that says the script is written for another strategy."""
