@@ -244,17 +244,23 @@ def test_every_write_to_a_node_has_a_deadline(tmp_path, deadline):
     m = workdir.scan(root)
     with Nodes() as nodes:
         t, result = in_thread(lambda: shipping.ship(nodes, LOCAL, str(tmp_path / ".store"), m, **deadline))
+        # Every process of the receiving side, as soon as it exists. It starts after the node's
+        # listing, which beside the suite's other lane once took over a second: a watch of a fixed
+        # second missed it, and the 16 MiB went through (1.4 s, nothing stopped). So watch until one
+        # is stopped, and half a second more for a shell receiver's tar.
         stopped: set[int] = set()
-        until = time.monotonic() + 1
-        while time.monotonic() < until:  # every process of the receiving side, as soon as it exists
+        give_up, settled = time.monotonic() + 30, None
+        while t.is_alive() and time.monotonic() < (settled or give_up):
             for pid in set(descendants(os.getpid())) - stopped:
                 if receiving(pid):
                     os.kill(pid, signal.SIGSTOP)
                     stopped.add(pid)
+                    settled = settled or time.monotonic() + 0.5
         t.join(20)
         hung = t.is_alive()
         end_our_children()
         t.join(10)
+    assert stopped, f"no receiving process was seen while shipping ran: {result}"
     assert not hung, "shipping still waits on a node that reads nothing"
     assert isinstance(result.get("error"), EdgetrainError) and "shipping the working directory to localhost" in str(result["error"])
     assert list((tmp_path / ".store").glob("[0-9a-f]*")) == []
