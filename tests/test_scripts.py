@@ -227,6 +227,22 @@ def test_requirement_files_are_read_strictly(tmp_path):
     assert requirements.missing_here(["packaging>=1", "numpy>=99"]) == ["numpy>=99"]
 
 
+@pytest.mark.parametrize("line", ["pkg @ git+https://user:token@example.org/pkg.git", "numpy @ file:///tmp/numpy-1.26.4.whl"])
+def test_a_direct_reference_is_refused_like_a_pip_option(tmp_path, line):
+    """Neither the package index nor constraints.txt has a say in what a URL installs; the URL is
+    not echoed, as it may carry a token."""
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text(f"packaging>=1\n{line}\n")
+    with pytest.raises(UsageError, match="line 2: .* @ URL .a direct reference. is not supported"):
+        requirements.read(reqs)
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(SCRIPTS / "no_init.py"), "--requirements", str(reqs), "--runs-dir", str(root))
+    error = assert_one_line_error(r, "line 2:", line.split(" @ ")[0] + " @ URL (a direct reference) is not supported",
+                                  "one package per line", code=2)
+    assert "token" not in error and "file://" not in error
+    assert not root.exists() or not list(root.iterdir())
+
+
 def test_every_epoch_line_reaches_the_console_when_the_script_leaves_its_line_unended(tmp_path):
     """Keras redraws its bar without ending the line, and rank 0's events reach the console on the
     same stream: an event that lands on a line the program started must still be read (the epoch

@@ -176,12 +176,40 @@ def test_names_that_look_like_secrets_stay_home_unless_asked_for(tmp_path, proje
     m = workdir.scan(project)
     assert [e.path for e in m.entries] == ["train.py"]
     assert sorted(m.withheld) == sorted([".env", ".netrc", "certs/server.pem", "conf/.env", "deploy", "keys/id_ed25519"])
-    assert m.withheld_note is not None and ".netrc" in m.withheld_note and "--ship-secrets" in m.withheld_note
+    [note] = m.notes
+    assert ".netrc" in note and "--ship-secrets" in note
     assert len(workdir.scan(project, secrets=True).entries) == 7
     (project / ".edgetrainignore").write_text("!.env\n")
     asked = workdir.scan(project)
     assert {".env", "conf/.env"} <= {e.path for e in asked.entries} and ".netrc" in asked.withheld
     assert "--ship-secrets" in edgetrain("run", "--help").stdout
+
+
+def test_what_secret_scanners_flag_stays_home_and_the_run_names_it(tmp_path, project):
+    """The names of workdir.SECRETS, by path, by a link named anything, and through a linked folder;
+    what merely resembles them ships."""
+    secret = [".env.local", ".git-credentials", ".pypirc", "certs/tls.key", "certs/client.P12", "certs/bundle.pfx",
+              "keys/deploy.ppk", ".npmrc", ".docker/config.json", "conf/.kube/config", ".aws/credentials"]
+    alike = ["config.json", "docker/config.json", "kube/config", "keys.py", "credentials.md"]
+    for rel in secret + alike:
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text("token = 0123456789abcdef\n")
+    home = tmp_path / "home"
+    for rel in (".aws/credentials", ".kube/config"):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text("aws_secret_access_key = 0123456789abcdef\n")
+    (project / "settings.ini").symlink_to(home / ".aws/credentials")
+    (project / "cluster").symlink_to(home / ".kube")  # ships as its files: cluster/config
+    m = workdir.scan(project)
+    assert sorted(e.path for e in m.entries) == sorted(["train.py", *alike])
+    assert sorted(m.withheld) == sorted([*secret, "settings.ini", "cluster/config"])
+    r = edgetrain("run", str(project / "train.py"), "--np", "1", "--runs-dir", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    [note] = [line for line in r.stdout.splitlines() if line.startswith("left out of the working directory")]
+    assert all(rel in note for rel in m.withheld) and "--ship-secrets" in note
+    [run] = runs.all_runs(tmp_path / "runs")
+    work = run.path / "work"
+    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == sorted(["train.py", *alike])
 
 
 def in_thread(fn) -> tuple[threading.Thread, dict]:

@@ -13,6 +13,9 @@ from edgetrain.shared.errors import EdgetrainError, UsageError
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.remote import Nodes
 
+from .conftest import edgetrain
+from .test_cli_errors import assert_one_line_error
+
 LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
 
 
@@ -114,3 +117,52 @@ def test_a_node_can_send_only_what_was_asked_for(tmp_path):
     assert (dest / "rank.0.log").read_text() == "rank 0\n"
     assert not (dest / "rank.1.log").exists() and (dest / "run.json").read_text() == '{"status": "failed"}'
     assert sorted(refused) == ["rank.1.log (a link or special file)", "run.json (not asked for)"]
+
+
+def test_a_folder_of_too_many_files_is_refused_before_anything_ships(tmp_path):
+    """20,000 empty files: under the size limit, but each costs the nodes a store entry, a link per
+    run and a copy per rank."""
+    proj = tmp_path / "proj"
+    (proj / "frames").mkdir(parents=True)
+    (proj / "train.py").write_text("print('hi')\n")
+    for i in range(20_000):
+        (proj / "frames" / f"{i:05d}").touch()
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(proj / "train.py"), "--np", "1", "--runs-dir", str(root))
+    assert_one_line_error(r, "holds more than 10000 files to ship", ".edgetrainignore",
+                          "--max-workdir-files", code=2)
+    assert not root.exists() or not list(root.iterdir())
+
+
+def test_the_file_limit_counts_what_ships(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name in ("a.py", "b.py", "c.py", ".env"):
+        (proj / name).write_text(name)
+    assert len(workdir.scan(proj, max_files=3).entries) == 3  # .env stays home, so it is not counted
+    (proj / "d.py").write_text("d")
+    with pytest.raises(UsageError, match="holds more than 3 files to ship .at d.py.") as err:
+        workdir.scan(proj, max_files=3)
+    assert "--max-workdir-files" in err.value.fix
+
+
+def test_a_link_to_a_folder_ships_the_folders_files_and_one_to_a_folder_it_is_in_is_named(tmp_path):
+    shared = tmp_path / "shared" / "lib"
+    (shared / "sub").mkdir(parents=True)
+    (shared / "model.py").write_text("X = 1\n")
+    (shared / "sub" / "layers.py").write_text("Y = 2\n")
+    (shared / "sub" / "up").symlink_to("..")  # followed, it would never end
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("import lib.model\n")
+    (proj / "lib").symlink_to(shared)
+    (proj / "self").symlink_to(".")
+    m = workdir.scan(proj)
+    assert [e.path for e in m.entries] == ["train.py", "lib/model.py", "lib/sub/layers.py"]
+    assert sorted(m.looped) == ["lib/sub/up", "self"]
+    assert any("lib/sub/up, self" in note or "self, lib/sub/up" in note for note in m.notes)
+    store, dest = tmp_path / "store", tmp_path / "work"
+    with Nodes() as nodes:
+        shipping.ship(nodes, LOCAL, str(store), m)
+    workdir.materialize(m, store, dest)
+    assert (dest / "lib/sub/layers.py").read_text() == "Y = 2\n" and not (dest / "lib").is_symlink()

@@ -42,11 +42,14 @@ CHECK = (
     "    if not ok:\n"
     "        print(line)\n"
 )
+ONE_PER_LINE = "list one package per line (name and version)"
 NOT_FOUND = re.compile(r"No matching distribution found for (\S+)|Could not find a version that satisfies the requirement (\S+)")
 
 
 def read(path: Path) -> list[str]:
-    """The requirement lines of a file; pip options and includes are refused, not ignored."""
+    """The requirement lines of a file; pip options, includes and direct references (``pkg @ URL``)
+    are refused, not ignored: what is installed comes from the package index (or wheelhouse) by
+    name and version, pinned by constraints.txt, never from wherever a line points."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -57,11 +60,13 @@ def read(path: Path) -> list[str]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
-            raise UsageError(f"{path} line {n}: {line.split()[0]} is not supported", "list one package per line (name and version)")
+            raise UsageError(f"{path} line {n}: {line.split()[0]} is not supported", ONE_PER_LINE)
         try:
-            Requirement(line)
+            r = Requirement(line)
         except InvalidRequirement as exc:
             raise UsageError(f"{path} line {n}: {exc}") from None
+        if r.url:  # not echoed: a URL may carry a token
+            raise UsageError(f"{path} line {n}: {r.name} @ URL (a direct reference) is not supported", ONE_PER_LINE)
         found.append(line)
     return found
 

@@ -25,10 +25,26 @@ IGNORE_FILES = (".edgetrainignore", ".dockerignore")
 # and edgetrain's own run directories (a script's folder is often where the user runs from).
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".venv/", "venv/", "runs/", ".ipynb_checkpoints/")
 # Names that look like credentials: left out unless asked for (--ship-secrets, or a ``!`` line in
-# the ignore file), since the nodes and everyone who runs there would hold a copy. A link is judged
-# by the name it points to as well.
-SECRETS = (".env", "*.pem", "id_*", ".netrc")
+# the ignore file), since the nodes and everyone who runs there would hold a copy. A file is judged
+# by what its path ends with (case aside: ".aws/credentials" at any depth), and by the real path it
+# reaches through links as well. Taken from what secret scanners flag (gitleaks' config/gitleaks.toml,
+# detect-secrets' plugins):
+# - gitleaks' one rule by file name alone, pkcs12-file, path (?i)(?:^|/)[^/]+\.p(?:12|fx)$: "*.p12", "*.pfx";
+# - the files their content rules are written for: private keys (gitleaks private-key,
+#   detect-secrets PrivateKeyDetector, which knows PuTTY's too): "*.pem", "*.key", "*.ppk", ssh's
+#   "id_*"; npm tokens (gitleaks npm-access-token, NpmDetector's ``//host/:_authToken=`` line):
+#   .npmrc; PyPI tokens (gitleaks pypi-upload-token, PypiTokenDetector): .pypirc; AWS keys
+#   (gitleaks aws-access-token, AWSKeyDetector): .aws/credentials; https://user:token@ URLs
+#   (BasicAuthDetector): .git-credentials; passwords (KeywordDetector): .netrc; base64 logins
+#   (Base64HighEntropyString): .docker/config.json; service-account tokens (gitleaks jwt,
+#   JwtTokenDetector) and client keys: .kube/config; NAME=value secrets (gitleaks generic-api-key,
+#   KeywordDetector): .env and its variants (.env.local, ...).
+SECRETS = (".env", ".env.*", "*.pem", "*.key", "*.ppk", "*.p12", "*.pfx", "id_*", ".netrc", ".git-credentials",
+           ".pypirc", ".npmrc", ".docker/config.json", ".kube/config", ".aws/credentials")
 DEFAULT_MAX_BYTES = 256 * 1024**2
+# Every file is a tar member, a store entry and a hard link in each run's view, and a copy in each
+# rank's working copy: a folder of tens of thousands is a dataset or a mistake, not a project.
+DEFAULT_MAX_FILES = 10_000
 MANIFEST = "workdir.json"
 # The working copy is the login user's alone: a shipped file keeps only its owner's bits.
 PRIVATE_BITS = 0o700
@@ -48,14 +64,18 @@ class Manifest:
     entries: tuple[Entry, ...]
     ignore_file: str | None = None
     withheld: tuple[str, ...] = ()  # left out for looking like secrets (SECRETS)
+    looped: tuple[str, ...] = ()  # links to a folder they are in: followed, they would never end
 
     @property
-    def withheld_note(self) -> str | None:
-        """What the console says of the files left out, if any."""
-        if not self.withheld:
-            return None
-        return (f"left out of the working directory, as they look like secrets: {', '.join(self.withheld)} "
-                "(ship them with --ship-secrets, or a '!NAME' line in the ignore file)")
+    def notes(self) -> list[str]:
+        """What the console says of what was left out."""
+        said = []
+        if self.withheld:
+            said.append(f"left out of the working directory, as they look like secrets: {', '.join(self.withheld)} "
+                        "(ship them with --ship-secrets, or a '!NAME' line in the ignore file)")
+        if self.looped:
+            said.append(f"left out of the working directory, as links to a folder they are in: {', '.join(self.looped)}")
+        return said
 
     @property
     def total_bytes(self) -> int:
@@ -105,37 +125,61 @@ def _ignored(rules: list[tuple[bool, str]], rel: str, is_dir: bool) -> bool:
     return ignored
 
 
+def _looks_secret(path: str) -> bool:
+    """Whether a path ends with a name of SECRETS, as many of its last parts as the name has."""
+    parts = path.lower().split("/")
+    return any(fnmatch.fnmatchcase("/".join(parts[-(p.count("/") + 1):]), p) for p in SECRETS)
+
+
 def _secret(rules: list[tuple[bool, str]], rel: str, path: Path) -> bool:
-    """Whether a file shipping so far is held back as a secret: its name, or the name of what it
-    links to, matches SECRETS and no rule of the ignore file asks for it."""
-    names = {rel}
-    if path.is_symlink():
-        names.add(os.path.realpath(path).rsplit("/", 1)[-1])
-    return any(any(_matches(p, n, False) for p in SECRETS) for n in names) and not any(
+    """Whether a file shipping so far is held back as a secret: its path in the folder, or the real
+    path it reaches through links (its own, or a linked folder's), looks like one and no rule of
+    the ignore file asks for it."""
+    return (_looks_secret(rel) or _looks_secret(os.path.realpath(path))) and not any(
         negated and _matches(p, rel, False) for negated, p in rules)
 
 
-def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES, secrets: bool = False) -> Manifest:
-    """Every file of the folder that ships, hashed; refused before hashing when it is too large.
-    Names that look like secrets are left out (``withheld``) unless ``secrets``."""
+def _too_much(root: Path, what: str, rel: str, option: str) -> UsageError:
+    return UsageError(f"working directory {root} holds more than {what} to ship (at {rel})",
+                      f"list what the ranks do not need in {root / IGNORE_FILES[0]}, or raise {option}")
+
+
+def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES, secrets: bool = False, max_files: int = DEFAULT_MAX_FILES) -> Manifest:
+    """Every file of the folder that ships, hashed; refused before hashing when it holds too much.
+    A link ships as its content, a link to a folder as the folder's files, except one to a folder
+    it is in (``looped``). Names that look like secrets are left out (``withheld``) unless ``secrets``."""
     root = root.resolve()
     if not root.is_dir():
         raise UsageError(f"working directory {root} is not a directory", "pass --workdir DIR")
     rules, ignore_file = _patterns(root)
     found: list[tuple[str, Path, os.stat_result]] = []
     withheld: list[str] = []
+    looped: list[str] = []
+    # The real paths of the folders each folder being walked is in, itself included.
+    within = {str(root): frozenset({str(root)})}
     total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(dirpath)
         rel_dir = here.relative_to(root).as_posix()
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = sorted(d for d in dirnames if not _ignored(rules, rel_dir + d, True))
+        chain = within.pop(dirpath)
+        walked = []
+        for d in sorted(dirnames):
+            if _ignored(rules, rel_dir + d, True):
+                continue
+            real = os.path.realpath(here / d)
+            if real in chain:
+                looped.append(rel_dir + d)
+                continue
+            within[os.path.join(dirpath, d)] = chain | {real}
+            walked.append(d)
+        dirnames[:] = walked
         for name in sorted(filenames):
             rel = rel_dir + name
+            if _ignored(rules, rel, False):
+                continue
             if not secrets and _secret(rules, rel, here / name):
                 withheld.append(rel)
-                continue
-            if _ignored(rules, rel, False):
                 continue
             try:
                 st = (here / name).stat()  # follows a link to a file: its content ships
@@ -145,13 +189,12 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES, secrets: bool = False) 
                 continue
             total += st.st_size
             if total > max_bytes:
-                raise UsageError(
-                    f"working directory {root} holds more than {max_bytes / 1024**2:.0f} MiB to ship (at {rel})",
-                    f"list what the ranks do not need in {root / IGNORE_FILES[0]}, or raise --max-workdir-mb",
-                )
+                raise _too_much(root, f"{max_bytes / 1024**2:.0f} MiB", rel, "--max-workdir-mb")
+            if len(found) >= max_files:
+                raise _too_much(root, f"{max_files} files", rel, "--max-workdir-files")
             found.append((rel, here / name, st))
     entries = tuple(Entry(rel, sha256_file(p), st.st_size, stat.S_IMODE(st.st_mode)) for rel, p, st in found)
-    return Manifest(root, entries, ignore_file, tuple(withheld))
+    return Manifest(root, entries, ignore_file, tuple(withheld), tuple(looped))
 
 
 def materialize(manifest: Manifest, store: Path, dest: Path) -> None:
