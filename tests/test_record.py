@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgetrain.shared import record, runs
+from edgetrain.shared import record, runs, untrusted
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.record import Attempt, ProgramKind, RunRecord, Status, Where
 
@@ -49,8 +49,13 @@ def test_a_record_from_before_the_schema_is_read_with_its_fields(tmp_path):
 
 @pytest.mark.parametrize("change, said", [
     ({"schema": record.SCHEMA + 1}, f"has schema {record.SCHEMA + 1}, this edgetrain reads up to {record.SCHEMA}"),
-    ({"status": "paused"}, "run.json is damaged (ValueError"),
-    ({"attempts": [{"np": 2}]}, "run.json is damaged (TypeError"),
+    ({"status": "paused"}, "run.json is damaged ('paused' is not a valid Status)"),
+    ({"attempts": [{"np": 2}]}, "run.json is damaged (attempts[0].started is missing)"),
+    ({"attempts": [1]}, "run.json is damaged (attempts[0] is a whole number, not an object)"),
+    ({"placement": {**UNVERSIONED["placement"], "hosts": "abc"}}, "run.json is damaged (placement.hosts is a string, not a list)"),
+    ({"placement": {**UNVERSIONED["placement"], "hosts": [{"host": "vm", "ranks": True}]}},
+     "run.json is damaged (placement.hosts[0].ranks is true or false, not a whole number)"),
+    ({"versions": "9.9.9"}, "run.json is damaged (versions is a string, not an object)"),
 ])
 def test_a_record_this_version_cannot_read_is_one_line_and_listed_as_damaged(tmp_path, change, said):
     run = runs.create(tmp_path, "lenet")
@@ -61,3 +66,11 @@ def test_a_record_this_version_cannot_read_is_one_line_and_listed_as_damaged(tmp
     assert run.status() is Status.DAMAGED
     summary = runs.summarize(run)
     assert summary.status is Status.DAMAGED and said in summary.problems[0]
+
+
+def test_a_record_nested_too_deep_is_damaged_not_a_crash(tmp_path):
+    run = runs.create(tmp_path, "lenet")
+    run.info_file.write_text(json.dumps(UNVERSIONED)[:-1] + ', "deep": ' + "[" * 3000 + "]" * 3000 + "}")
+    with pytest.raises(EdgetrainError, match=f"no readable run.json \\(it nests deeper than {untrusted.MAX_DEPTH} levels\\)"):
+        run.record()
+    assert runs.summarize(run).status is Status.DAMAGED

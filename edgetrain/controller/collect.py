@@ -11,15 +11,17 @@ missing or damaged one is copied again, and every copy lands under a temporary n
 
 from __future__ import annotations
 
-import json
+import errno
+import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgetrain.shared import checkpoints, runs, workdir
+from edgetrain.shared import checkpoints, runs, untrusted, workdir
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Inventory
@@ -36,34 +38,93 @@ class Collected:
     warnings: list[str] = field(default_factory=list)  # what was left out, and why
 
 
-def _same(a: Path, b: Path) -> bool:
-    return b.is_file() and a.stat().st_size == b.stat().st_size and sha256_file(a) == sha256_file(b)
-
-
-def _copy(src: Path, dest: Path, rel: str, result: Collected) -> None:
-    if _same(src, dest):
-        result.unchanged.append(rel)
-        return
-    tmp = None
+def _open_inside(root: Path, rel: str) -> int:
+    """A descriptor of the regular file ``rel`` under ``root``, reached without following a link at
+    any step: a rank's program may leave links in its run directory that point anywhere on the
+    machine. OSError (ELOOP) where a step is a link, also where the file is not a regular file."""
+    parts = rel.split("/")
+    at = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    except OSError as exc:
-        raise EdgetrainError(f"cannot write {dest}: {exc.strerror or exc}",
-                             "free some disk (what was copied is kept; collect again to finish)") from None
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+            except NotADirectoryError:
+                # Linux says a link to a directory is not one, opened this way.
+                if stat.S_ISLNK(os.lstat(part, dir_fd=at).st_mode):
+                    raise OSError(errno.ELOOP, "a link", rel) from None
+                raise
+            os.close(at)
+            at = inner
+        # O_NONBLOCK: a FIFO left there must not hang the collect.
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=at)
     finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        os.close(at)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", rel)
+    return fd
+
+
+def _refused(exc: OSError) -> str:
+    """What keeps a file from being copied (``_open_inside``'s OSError), in a phrase."""
+    if exc.errno == errno.ELOOP:
+        return "a link"
+    if exc.errno == errno.EINVAL:
+        return "not a regular file"
+    return f"unreadable ({exc.strerror or exc})"
+
+
+def _sha256(f) -> str:
+    f.seek(0)
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _copy(root: Path, rel: str, dest: Path, result: Collected, digest: str | None = None, recorded: str = "") -> str | None:
+    """Copy ``root/rel`` to ``dest/rel``, where it is not already there, checked before and after
+    against ``digest`` (as ``recorded`` lists it) where one is given. What keeps the source from
+    being copied (a link, not a regular file) is returned, and it is left alone; a source that is
+    not there is None, or an error where ``digest`` says it must be."""
+    try:
+        fd = _open_inside(root, rel)
+    except FileNotFoundError:
+        if digest is None:
+            return None
+        raise EdgetrainError(f"{root / rel} is missing, though {recorded} lists it", COLLECT_AGAIN) from None
+    except OSError as exc:
+        return _refused(exc)
+    target = dest / rel
+    tmp = None
+    with os.fdopen(fd, "rb") as src:
+        actual = _sha256(src)
+        if digest is not None and actual != digest:
+            raise EdgetrainError(f"{root / rel} does not match the sha256 {recorded} gives it", COLLECT_AGAIN)
+        if target.is_file() and not target.is_symlink() and target.stat().st_size == os.fstat(fd).st_size and sha256_file(target) == actual:
+            result.unchanged.append(rel)
+            return None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            out, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            with os.fdopen(out, "w+b") as copy:
+                src.seek(0)
+                shutil.copyfileobj(src, copy)
+                copy.flush()
+                copied = _sha256(copy)
+            if copied != actual:
+                raise EdgetrainError(f"the copy of {root / rel} in {dest} does not match it", COLLECT_AGAIN)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise EdgetrainError(f"cannot write {target}: {exc.strerror or exc}",
+                                 "free some disk (what was copied is kept; collect again to finish)") from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
     result.copied.append(rel)
+    return None
 
 
-def _verify_output(path: Path, digest: str) -> None:
-    if not path.is_file() or sha256_file(path) != digest:
-        raise EdgetrainError(f"output {path} does not match the sha256 rank 0 recorded",
-                             "collect again; if it persists, the file changed after the run or the disk is failing")
+COLLECT_AGAIN = "collect again; if it persists, the file changed after the run or the disk is failing"
+# What outputs.json holds: rank 0's new or changed files, in its working directory and its output directory.
+OUTPUTS = untrusted.Obj({"work": untrusted.MapOf(untrusted.SHA256), "outputs": untrusted.MapOf(untrusted.SHA256)})
 
 
 def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -> dict[str, str]:
@@ -72,12 +133,10 @@ def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -
     listed = run.path / runs.OUTPUTS
     if listed.is_file():
         try:
-            found = json.loads(listed.read_text())
-            named = {f"{part}/{k}": v for part in ("work", "outputs") for k, v in found[part].items()}
-            if not all(isinstance(v, str) for v in named.values()):
-                raise ValueError("a digest is not a string")
-        except (ValueError, KeyError, AttributeError, TypeError):
-            raise EdgetrainError(f"{listed} is damaged", "collect again after a resume, or copy the run directory by hand") from None
+            found = untrusted.check(untrusted.load(listed), OUTPUTS)
+        except (OSError, ValueError) as exc:
+            raise EdgetrainError(f"{listed} is damaged ({exc})", "collect again after a resume, or copy the run directory by hand") from None
+        named = {f"{part}/{k}": v for part in ("work", "outputs") for k, v in found[part].items()}
         for name in sorted(n for n in named if not checkpoints.confined(n)):
             warn(f"{listed} names {name!r}, outside the run directory: not collected")
         return {n: v for n, v in named.items() if checkpoints.confined(n)}
@@ -89,7 +148,8 @@ def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -
 
 
 def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
-    """Copy the checkpoints and outputs of ``src`` (verified before and after), metrics and logs into ``dest``."""
+    """Copy the checkpoints and outputs of ``src`` (verified before and after), metrics and logs
+    into ``dest``; a link among them is left out, a line in the result's warnings each."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -100,24 +160,40 @@ def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
     if not found and not outputs:
         raise EdgetrainError(f"run {dest.name} has no checkpoint or output yet", "collect it once its first epoch ends")
     for ckpt in found:
-        checkpoints.verify(ckpt)
-        rel_dir = Path("checkpoints") / ckpt.path.name
-        for name in [*ckpt.manifest["files"], checkpoints.MANIFEST]:
-            _copy(ckpt.path / name, dest / rel_dir / name, (rel_dir / name).as_posix(), result)
-        # The copy is judged by the same manifest as the original.
-        checkpoints.verify(ckpt, base=dest / rel_dir)
+        rel_dir = f"checkpoints/{ckpt.path.name}"
+        files = {f"{rel_dir}/{name}": digest for name, digest in ckpt.manifest["files"].items()}
+        refused = next(((rel, why) for rel in [*files, f"{rel_dir}/{checkpoints.MANIFEST}"] if (why := _refusal(src.path, rel))), None)
+        if refused is not None:
+            result.warnings.append(f"{src.path / refused[0]} is {refused[1]}: checkpoint {ckpt.path.name} not collected")
+            continue
+        for rel, digest in files.items():
+            _copy(src.path, rel, dest, result, digest, f"{rel_dir}/{checkpoints.MANIFEST}")
+        _copy(src.path, f"{rel_dir}/{checkpoints.MANIFEST}", dest, result)
         result.checkpoints.append(ckpt.epoch)
     for rel, digest in outputs.items():
-        _verify_output(src.path / rel, digest)
-        _copy(src.path / rel, dest / rel, rel, result)
-        _verify_output(dest / rel, digest)
-        result.outputs.append(rel)
+        why = _copy(src.path, rel, dest, result, digest, f"rank 0's {runs.OUTPUTS}")
+        if why is None:
+            result.outputs.append(rel)
+        else:
+            result.warnings.append(f"output {src.path / rel} is {why}: not collected")
     tensorboard = src.path / "tensorboard"
-    for extra in [*extras, src.metrics_file, *src.logs(), *(p for p in tensorboard.rglob("*") if p.is_file())]:
-        if extra.is_file():
-            rel = extra.relative_to(src.path).as_posix() if extra.is_relative_to(src.path) else extra.name
-            _copy(extra, dest / rel, rel, result)
+    for extra in [*extras, src.metrics_file, *src.logs(), *(p for p in tensorboard.rglob("*") if not p.is_dir() or p.is_symlink())]:
+        root, rel = (src.path, extra.relative_to(src.path).as_posix()) if extra.is_relative_to(src.path) else (extra.parent, extra.name)
+        why = _copy(root, rel, dest, result)
+        if why is not None:
+            result.warnings.append(f"{extra} is {why}: not collected")
     return result
+
+
+def _refusal(root: Path, rel: str) -> str | None:
+    """What keeps ``root/rel`` from being copied (see ``_copy``), or None."""
+    try:
+        os.close(_open_inside(root, rel))
+    except FileNotFoundError:
+        return None  # the copy names what is missing
+    except OSError as exc:
+        return _refused(exc)
+    return None
 
 
 def collect_local(run: runs.Run, dest_root: Path) -> Collected:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgetrain.shared import untrusted
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
 
@@ -122,18 +123,16 @@ def confined(name: object) -> bool:
     return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def check(manifest: object) -> dict:
-    """The manifest, if it has the shape ``write`` gives it; else ValueError saying what is wrong."""
-    if not isinstance(manifest, dict):
-        raise ValueError("it is not a JSON object")
-    if not isinstance(manifest.get("epoch"), int) or isinstance(manifest["epoch"], bool):
-        raise ValueError("its epoch is not a number")
-    if not isinstance(manifest.get("job"), str):
-        raise ValueError("its job is not a name")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
-        raise ValueError("its files are not a list of names and digests")
-    outside = sorted(repr(n) for n in files if not confined(n))
+# What a manifest must hold for anything to read it: the resume reads its ranks and options, and
+# every file's digest goes into a ``sha256sum -c`` list on the node, one line each.
+SCHEMA = untrusted.Obj({"job": (str,), "epoch": (int,), "files": untrusted.MapOf(untrusted.SHA256)},
+                       {"metrics": untrusted.Obj(optional={"ranks": (int,)}), "options": (dict,), "written_at": (str,), "host": (str,)})
+
+
+def parse(text: str | bytes) -> dict:
+    """The manifest ``text`` holds, if it has the shape ``write`` gives it; else ValueError saying what is wrong."""
+    manifest = untrusted.check(untrusted.loads(text), SCHEMA)
+    outside = sorted(repr(n) for n in manifest["files"] if not confined(n))
     if outside:
         raise ValueError(f"it names files outside the checkpoint: {', '.join(outside[:3])}")
     return manifest
@@ -141,7 +140,7 @@ def check(manifest: object) -> dict:
 
 def read(path: Path) -> Checkpoint:
     try:
-        return Checkpoint(path, check(json.loads((path / MANIFEST).read_text())))
+        return Checkpoint(path, parse((path / MANIFEST).read_bytes()))
     except (OSError, ValueError) as exc:
         raise EdgetrainError(f"checkpoint {path} has no readable manifest ({exc})") from None
 

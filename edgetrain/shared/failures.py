@@ -12,10 +12,11 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgetrain.shared import runs
+from edgetrain.shared import runs, untrusted
 
 
 # Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
@@ -77,6 +78,12 @@ class Failure:
         return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
 
 
+# What a rank's failure record must hold: every field of ``Failure``, with its type.
+NONE = type(None)
+SCHEMA = untrusted.Obj({"rank": (int,), "host": (str,), "pid": (int,), "error": (str,), "time": untrusted.NUMBER},
+                       {"fix": (str, NONE), "traceback": (str, NONE), "kind": (str,), "elapsed": (*untrusted.NUMBER, NONE)})
+
+
 # When this rank's worker began: the worker imports this module as it starts.
 STARTED = time.monotonic()
 
@@ -113,8 +120,10 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
 
 
 def from_event(event: dict) -> Failure:
-    """The failure a rank reported as an event (``failed``) on the launcher's stream."""
-    fields = {k: event.get(k) for k in Failure.__dataclass_fields__ if k in event}
+    """The failure a rank reported as an event (``failed``) on the launcher's stream; a field
+    that does not fit a failure record's is left out."""
+    fits = {**SCHEMA.required, **SCHEMA.optional}
+    fields = {k: event[k] for k in Failure.__dataclass_fields__ if k in event and untrusted.problem(event[k], fits[k]) is None}
     if fields.get("kind") not in {k.value for k in Kind}:
         fields.pop("kind", None)
     fields.setdefault("pid", 0)
@@ -162,14 +171,18 @@ def ended(run_dir: Path) -> list[int]:
     return sorted(r for r in (runs.rank_of(p.name, "ended") for p in run_dir.glob("rank.*.ended")) if r is not None)
 
 
-def read_all(run_dir: Path) -> list[Failure]:
+def read_all(run_dir: Path, warn: Callable[[str], None] = lambda line: None) -> list[Failure]:
     """Every readable record, the cause first (a rank that ended early, else the earliest); a
-    damaged record is skipped rather than blamed."""
+    damaged record is skipped rather than blamed, with a line to ``warn`` naming it."""
     found = []
-    for p in run_dir.glob("rank.*.failure.json"):
+    for p in sorted(run_dir.glob("rank.*.failure.json")):
         try:
-            record = Failure(**json.loads(p.read_text()))
-        except (OSError, ValueError, TypeError):
+            data = untrusted.check(untrusted.load(p), SCHEMA)
+            record = Failure(**{k: data[k] for k in Failure.__dataclass_fields__ if k in data})
+        except OSError:
+            continue  # gone since it was listed: a rank of a new attempt cleared it
+        except ValueError as exc:
+            warn(f"{p} is damaged ({exc}): left out of the failure report")
             continue
         if record.rank == runs.rank_of(p.name, "failure.json"):  # one rank cannot speak for another
             found.append(record)

@@ -12,7 +12,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from edgetrain.shared import untrusted
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.untrusted import NUMBER, ListOf, MapOf, Maybe, Obj
 
 # 1: the first versioned record (before it, the same fields without "schema").
 SCHEMA = 1
@@ -115,6 +117,7 @@ class RunRecord:
             raise EdgetrainError(f"run {run_id}'s run.json has schema {schema}, this edgetrain reads up to {SCHEMA}",
                                  "read it with the edgetrain that wrote it, or a newer one")
         try:
+            untrusted.check(data, RUN_JSON)
             known = _known(cls, data)
             known["program"] = ProgramRecord(**_known(ProgramRecord, known.get("program") or {}))
             if known.get("placement") is not None:
@@ -122,8 +125,28 @@ class RunRecord:
             known["attempts"] = [Attempt(**_known(Attempt, a)) for a in known.get("attempts") or []]
             known["schema"] = SCHEMA
             return cls(**known)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EdgetrainError(f"run {run_id}'s run.json is damaged ({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:
+            raise EdgetrainError(f"run {run_id}'s run.json is damaged ({exc})",
+                                 "restore it from a copy (edgetrain collect keeps one), or remove the run") from None
+
+
+NONE = type(None)
+STRINGS = ListOf((str,))
+# What run.json must hold for this version to read it: every field that something reads (the
+# console, resume, collect), with its type. Fields of a later schema travel along unread.
+RUN_JSON = Obj(
+    {"id": (str,), "job": (str,), "status": (str,)},
+    {"kind": (str,), "schema": (int,),
+     "program": Maybe(Obj(optional={"args": STRINGS, "script": (str, NONE), "workdir": (str, NONE), "requirements": Maybe(STRINGS)})),
+     "placement": Maybe(Obj({"np": (int,), "runtime": (str,), "strategy": (str,), "inventory": (str,),
+                             "hosts": ListOf(Obj({"host": (str,), "ranks": (int,)}))},
+                            {"oversubscribed": (bool,), "nodes": Maybe(MapOf(Obj(optional={"runs_dir": (str,), "image": (str, NONE)})))})),
+     "attempts": Maybe(ListOf(Obj({"started": (str,), "command": STRINGS, "np": (int,), "mpirun": STRINGS},
+                                  {"resumed_from_epoch": (int, NONE), "shipped": ListOf((dict,)), "first_step_s": (*NUMBER, NONE),
+                                   "excluded": MapOf((str,)), "went_on_without": MapOf((str,))}))),
+     "versions": (dict,), "dataset": MapOf((dict,)), "workdir": (dict, NONE), "ended": (str, NONE), "returncode": (int, NONE),
+     "error": (str, NONE)},
+)
 
 
 def _known(cls, data: dict) -> dict:

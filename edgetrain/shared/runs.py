@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -12,9 +13,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edgetrain.shared import checkpoints
+from edgetrain.shared import checkpoints, untrusted
 from edgetrain.shared.errors import EdgetrainError, UsageError
 from edgetrain.shared.record import RunRecord, Status
+from edgetrain.shared.untrusted import NUMBER
 
 
 SCHEMA = 1  # of what ``runs list --json`` and ``runs show --json`` print
@@ -79,7 +81,7 @@ class Run:
 
     def record(self) -> RunRecord:
         try:
-            data = json.loads(self.info_file.read_text())
+            data = untrusted.load(self.info_file)
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
         return RunRecord.from_json(data, self.id)
@@ -96,7 +98,10 @@ class Run:
         data = (json.dumps(record.to_json(), indent=2, sort_keys=True, default=str) + "\n").encode()
         tmp = self.info_file.with_suffix(".json.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            # A new file, never one already there: a link left in its place would have the record
+            # written through it, over whatever it points to.
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
                 view = memoryview(data)
                 while view:
@@ -114,36 +119,37 @@ class Run:
 
     def metrics(self) -> list[dict]:
         """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
-        return [m for _, m in self._metric_lines() if m is not None and "kind" not in m]
+        return [m for _, m in self._metric_lines() if isinstance(m, dict) and "kind" not in m]
 
     def evaluations(self) -> list[dict]:
         """The ``eval`` records, in the order they were made (none in runs from before they existed)."""
-        return [m for _, m in self._metric_lines() if m is not None and m.get("kind") == "eval"
-                and isinstance(m.get("val_accuracy"), (int, float))]
+        return [m for _, m in self._metric_lines() if isinstance(m, dict) and m.get("kind") == "eval"]
 
     def test_score(self) -> dict | None:
         """The test set's score, taken once after training (a run that held its validation set out
         of the training set: --holdout); None for any other run."""
-        return next((m for _, m in reversed(self._metric_lines()) if m is not None and m.get("kind") == "test"
-                     and isinstance(m.get("test_accuracy"), (int, float))), None)
+        return next((m for _, m in reversed(self._metric_lines()) if isinstance(m, dict) and m.get("kind") == "test"), None)
 
-    def damaged_metrics(self) -> list[int]:
-        """Numbers of the lines of metrics.jsonl that are not a JSON object."""
-        return [n for n, m in self._metric_lines() if m is None]
+    def damaged_metrics(self) -> list[tuple[int, str]]:
+        """The lines of metrics.jsonl that are not a record of their kind: (number, what is wrong)."""
+        return [(n, m) for n, m in self._metric_lines() if isinstance(m, str)]
 
-    def _metric_lines(self) -> list[tuple[int, dict | None]]:
-        """Each line's record. Lines without a ``kind`` are the epochs' (and must name theirs);
-        a record of a kind this version does not know is kept, not counted as damage."""
+    def _metric_lines(self) -> list[tuple[int, dict | str]]:
+        """Each line's record, or what is wrong with it. Lines without a ``kind`` are the epochs'; a
+        record of a kind this version does not know is kept unread, not counted as damage."""
         if not self.metrics_file.exists():
             return []
-        found: list[tuple[int, dict | None]] = []
+        found: list[tuple[int, dict | str]] = []
         for n, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
             if line.strip():
                 try:
-                    value = json.loads(line)
-                except ValueError:
-                    value = None
-                found.append((n, value if isinstance(value, dict) and ("epoch" in value or "kind" in value) else None))
+                    value = untrusted.check(untrusted.loads(line), untrusted.Obj(optional={"kind": (str,)}))
+                    schema = METRIC_RECORDS.get(value.get("kind"))
+                    found.append((n, value if schema is None else untrusted.check(value, schema)))
+                except json.JSONDecodeError:
+                    found.append((n, "not JSON"))
+                except ValueError as exc:
+                    found.append((n, str(exc)))
         return found
 
     @property
@@ -153,7 +159,14 @@ class Run:
     def lock(self) -> RunLock:
         """Hold the run for this process's life (or until released): a second run or resume of it
         is refused, and a run whose holder died is known to be over."""
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # Never through a link: the holder's name would be written over what it points to.
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file} is a link, not edgetrain's lock",
+                                     f"remove it (edgetrain makes it anew), then try again") from None
+            raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -182,7 +195,7 @@ class Run:
     def live(self) -> bool:
         """Whether a command holds the run now."""
         try:
-            fd = os.open(self.lock_file, os.O_RDONLY)
+            fd = os.open(self.lock_file, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return False
         try:
@@ -253,6 +266,20 @@ def create(root: Path, job: str) -> Run:
 
 
 METRICS = "metrics.jsonl"
+# What each kind of metrics.jsonl record must hold (an epoch's has no ``kind``): the fields that
+# ``runs``, bench and the plots read, with their types. A script's own figures travel along unread.
+NONE = type(None)
+METRIC_RECORDS = {
+    None: untrusted.Obj({"epoch": (int,)}, {**{k: NUMBER for k in ("loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec",
+                                                                 "elapsed")}, "ranks": (int,)}),
+    "eval": untrusted.Obj({"epoch": (int,), "val_accuracy": NUMBER},
+                          {"step": (int,), "seconds": NUMBER, "train_seconds": (*NUMBER, NONE), "images": (int, NONE),
+                           "val_loss": (*NUMBER, NONE), "eval_seconds": NUMBER, "examples": (int, NONE), "ranks": (int,),
+                           "train_cpu_seconds": NUMBER, "resumed_after_epoch": (int,), "target_accuracy": NUMBER,
+                           "reached": (bool,)}),
+    "test": untrusted.Obj({"test_accuracy": NUMBER}, {"test_loss": (*NUMBER, NONE), "examples": (int, NONE), "after_epoch": (int,),
+                                                      "step": (int,)}),
+}
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -310,15 +337,15 @@ def summarize(run: Run) -> Summary:
         job, status = "?", Status.DAMAGED
         problems.append(str(exc))
     metrics = run.metrics()
-    problems += [f"run {run.id}: metrics.jsonl line {n} is damaged (left out)" for n in run.damaged_metrics()]
+    problems += [f"run {run.id}: metrics.jsonl line {n} is damaged ({why}; left out)" for n, why in run.damaged_metrics()]
     last = metrics[-1] if metrics else {}
     newest = None
     for ckpt_dir in sorted(run.checkpoints.glob(f"{checkpoints.PREFIX}*"), reverse=True) if run.checkpoints.is_dir() else []:
         try:
             newest = checkpoints.read(ckpt_dir).epoch
             break
-        except (EdgetrainError, KeyError, ValueError, TypeError):
-            problems.append(f"run {run.id}: {ckpt_dir.name}/{checkpoints.MANIFEST} is damaged")
+        except EdgetrainError as exc:
+            problems.append(f"run {run.id}: {exc}")
     return Summary(
         id=run.id,
         job=job,
@@ -338,7 +365,7 @@ def time_to_target(run: Run) -> str | None:
     if not evals:
         return None
     reached = next((e for e in evals if e.get("reached")), None)
-    target = next((e["target_accuracy"] for e in reversed(evals) if isinstance(e.get("target_accuracy"), (int, float))), None)
+    target = next((e["target_accuracy"] for e in reversed(evals) if "target_accuracy" in e), None)
     best = reached or max(evals, key=lambda e: e["val_accuracy"])
     # Evaluation time is inside the clock; say how much of it, from the same attempt's records.
     attempt = [e for e in evals[:evals.index(best) + 1] if e.get("resumed_after_epoch") == best.get("resumed_after_epoch")]
@@ -354,19 +381,19 @@ def time_to_target(run: Run) -> str | None:
 
 
 def _percent(fraction, places: int | None = None) -> str:
-    if not isinstance(fraction, (int, float)):
+    if fraction is None:
         return "?"
     return f"{fraction * 100:.{places}f}%" if places is not None else f"{fraction * 100:.10g}%"
 
 
 def _seconds(record: dict) -> str:
     value = record.get("seconds")
-    return f"{value:.1f} s" if isinstance(value, (int, float)) else "? s"
+    return f"{value:.1f} s" if value is not None else "? s"
 
 
 def _images(record: dict) -> str:
     value = record.get("images")
-    return f", {value:,} images" if isinstance(value, int) else ""
+    return f", {value:,} images" if value is not None else ""
 
 
 def _count(n: int, noun: str) -> str:
