@@ -275,9 +275,9 @@ def test_the_containers_command_is_its_lease_which_the_ranks_cannot_renew():
     argv = containers.docker_run_argv(host("n1"), "edgetrain-r", "r", "/home/mpi/runs/r", "img", None)
     at = argv.index("img")
     assert "--init" in argv[:at]
-    assert argv[at + 1:at + 7] == [containers.PYTHON, "-m", "edgetrain.rank.lease", f"{containers.RUN_MOUNT}/.lease/renewed",
-                                   str(host("n1").lease_seconds), "--"]
-    assert argv[at + 7] == "edgetrain-sshd"
+    assert argv[at + 1:at + 8] == [containers.PYTHON, "-m", "edgetrain.rank.lease", f"{containers.RUN_MOUNT}/.lease/renewed",
+                                   str(host("n1").lease_seconds), containers.LEASE_STATE, "--"]
+    assert argv[at + 8] == "edgetrain-sshd"
     assert f"/home/mpi/runs/r/.lease:{containers.RUN_MOUNT}/.lease:ro" in argv
     assert f"{containers.LEASE_LABEL}=/home/mpi/runs/r/.lease/renewed" in argv
 

@@ -69,6 +69,9 @@ LEASE_FILE = "renewed"
 # before a container of a running controller would end. The inventory schema says the same.
 MIN_LEASE = 3 * LEASE_RENEW + SSH_TIMEOUT
 LEASE_LABEL, LEASE_SECONDS_LABEL = "org.edgetrain.lease", "org.edgetrain.lease-seconds"
+# Where the lease's watcher keeps its last renewal seen, on the node's monotonic clock (``clean``
+# reads it): the container's own /run, root's, which ranks (run as the node's login user) cannot write.
+LEASE_STATE = "/run/edgetrain-lease"
 # The run's key: accepted from the head only, for no forwarding or terminal, and only for a day
 # (Hydra connects once, when mpirun starts; the connections then stay up for the whole run).
 KEY_LIFETIME = 24 * 3600
@@ -95,8 +98,20 @@ def private_dirs(*dirs: str) -> str:
     return f"umask 077 && mkdir -p -- {quoted} && chmod 0700 -- {quoted}"
 
 
+def write_file(path: str) -> str:
+    """A shell command that writes its stdin to ``path`` as a new file of the login user's alone,
+    synced, then renamed over ``path``. Nothing is written through a link: the new file is created
+    exclusively (a link a rank left at its name makes it fail), and the rename replaces whatever a
+    rank left at ``path`` (a link to ~/.ssh/authorized_keys) rather than writing to what it names."""
+    folder, name = posixpath.split(path)
+    tmp = f"{folder}/.{name}.XXXXXXXXXX"
+    return (f"umask 077 && t=$(mktemp -u -- {shlex.quote(tmp)}) && "
+            f"{{ dd of=\"$t\" conv=excl,fsync oflag=nofollow status=none && mv -fT -- \"$t\" {shlex.quote(path)} || "
+            f"{{ rm -f -- \"$t\"; false; }}; }}")
+
+
 def lease_path(node_run_dir: str) -> str:
-    """The node's side of the container's lease (the controller renews it, ``clean`` reads its age)."""
+    """The node's side of the container's lease (the controller renews it)."""
     return f"{node_run_dir.rstrip('/')}/{LEASE_DIR}/{LEASE_FILE}"
 
 
@@ -119,7 +134,7 @@ def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image
     if host.is_gpu:
         argv += ["--gpus", "all"]
     sshd = [f"-o{o}" for o in SSHD_OPTIONS] + ([f"-oListenAddress={listen}"] if listen else [])
-    lease = [PYTHON, "-m", "edgetrain.rank.lease", f"{RUN_MOUNT}/{LEASE_DIR}/{LEASE_FILE}", str(host.lease_seconds), "--"]
+    lease = [PYTHON, "-m", "edgetrain.rank.lease", f"{RUN_MOUNT}/{LEASE_DIR}/{LEASE_FILE}", str(host.lease_seconds), LEASE_STATE, "--"]
     return [*argv, image, *lease, "edgetrain-sshd", *sshd]
 
 
@@ -200,7 +215,8 @@ class Containers:
         try waits up to ssh's timeout) delays no other node's renewal."""
         while not self._renewing.wait(LEASE_RENEW):
             try:
-                self.nodes.run(host, ["touch", self._lease(host)], timeout=LEASE_RENEW + SSH_TIMEOUT)
+                # -h: the lease's own times, never a file a link there names, nor one made anew.
+                self.nodes.run(host, ["touch", "-h", "--", self._lease(host)], timeout=LEASE_RENEW + SSH_TIMEOUT)
             except EdgetrainError:
                 pass  # a node out of reach: its container ends itself when the lease runs out
 
@@ -228,7 +244,7 @@ class Containers:
             self.listen[host.name] = listen_address(self.nodes, host)
             # The lease exists before the container: one whose controller dies from here on ends by itself.
             ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d), posixpath.dirname(self._lease(host)))} && "
-                                          f"touch {shlex.quote(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
+                                          f"{write_file(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
@@ -367,12 +383,15 @@ def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:
     return {f.name: f.run for f in listed(nodes, host)}
 
 
-def lease_age(nodes: Nodes, host: Host, path: str) -> float | None:
-    """Seconds since the lease was renewed, both ends read from the node's own clock; None when
-    it cannot be read."""
-    proc = nodes.run(host, ["sh", "-c", 'echo $(( $(date +%s) - $(stat -c %Y -- "$1") ))', "sh", path], timeout=60)
-    out = proc.stdout.strip()
-    return float(out) if proc.returncode == 0 and out.lstrip("-").isdigit() else None
+def lease_age(nodes: Nodes, host: Host, container: str) -> float | None:
+    """Seconds since the container's lease watcher last saw its lease renewed, on the node's
+    monotonic clock as the watcher times it (a wall clock stepped at NTP sync moves a file's age
+    by hours); None when it cannot be read."""
+    proc = nodes.run(host, ["docker", "exec", container, PYTHON, "-m", "edgetrain.rank.lease", "--age", LEASE_STATE], timeout=60)
+    try:
+        return float(proc.stdout) if proc.returncode == 0 else None
+    except ValueError:
+        return None
 
 
 class Here(enum.Enum):
@@ -385,9 +404,9 @@ class Here(enum.Enum):
 
 def verdict(c: Found, here: Here, age: float | None) -> tuple[bool, str]:
     """Whether ``clean`` may remove a container, and why: only one proven dead - stopped, its run
-    ended here, or its lease (on the node's clock) run out. A running container of a run this
-    machine does not know may belong to another controller or runs directory: it is kept while
-    its lease is renewed, or when its lease cannot be read."""
+    ended here, or its lease run out (on the node's monotonic clock, as its watcher times it). A
+    running container of a run this machine does not know may belong to another controller or runs
+    directory: it is kept while its lease is renewed, or when its lease cannot be read."""
     if not c.running:
         return True, "stopped"
     if here is Here.LIVE:
@@ -417,7 +436,7 @@ def clean(nodes: Nodes, hosts: list[Host], here: Callable[[str], Here]) -> list[
         cleaned = []
         for c in listed(nodes, host):
             known = here(c.run)
-            age = lease_age(nodes, host, c.lease) if c.running and known is Here.UNKNOWN and c.lease else None
+            age = lease_age(nodes, host, c.name) if c.running and known is Here.UNKNOWN and c.lease else None
             dead, why = verdict(c, known, age)
             if not dead:
                 cleaned.append(Cleaned(host.name, c.name, c.run, False, why, kept_alive=True))

@@ -6,8 +6,9 @@ The store holds regular files named by their sha256, readable by the login user 
 0700 directory). A file arrives under a temporary name, is checked against its name and synced to
 disk, and only then renamed in; a link or any other kind of member is refused. Every path inside
 the store is reached relative to the store's own descriptor and never through a link, so no file
-outside it can be written or have its mode changed. A run sees only its own files: its view is a
-directory of hard links to them, which its container mounts read-only instead of the store.
+outside it can be written, have its mode changed or be pruned (a link in place of ``.store`` or
+``.views`` is refused). A run sees only its own files: its view is a directory of hard links to
+them, which its container mounts read-only instead of the store.
 
 Commands (the first argument): ``held STORE`` - "sha256 size" of each file held; ``receive STORE``
 - a tar on stdin; ``view STORE VIEW`` - the sha256 names on stdin become VIEW; ``prune RUNS_DIR
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import stat
 import sys
 import tarfile
@@ -143,33 +143,56 @@ def _old(st: os.stat_result, now: float) -> bool:
     return now - st.st_mtime > GRACE_SECONDS
 
 
-def _remove(parent: str, name: str, st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(os.path.join(parent, name))  # never follows a link inside
-    else:
-        os.unlink(os.path.join(parent, name))
+def _own_dir(parent: str, name: str) -> int | None:
+    """The descriptor of a directory of the store's own (``.views``, ``.store``), None when there is
+    none; a link in its place is refused, not followed."""
+    try:
+        return os.open(os.path.join(parent, name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise Refused(f"{os.path.join(parent, name)} is not a directory (a link?): not pruned") from None
+
+
+def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:
+    """Remove an entry and, for a directory, what it holds, each reached by descriptor, never through
+    a link (shutil.rmtree takes dir_fd only from Python 3.11; Ubuntu jammy's nodes have 3.10)."""
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        for inner in os.listdir(fd):
+            _remove(fd, inner, os.stat(inner, dir_fd=fd, follow_symlinks=False))
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _pruned(runs_dir: str, name: str, now: float, unused) -> list[os.stat_result]:
+    """Remove each entry of ``runs_dir/name`` older than the grace that ``unused(entry, its lstat)``
+    says no run needs; the lstat of each removed."""
+    fd = _own_dir(runs_dir, name)
+    removed: list[os.stat_result] = []
+    if fd is None:
+        return removed
+    try:
+        for entry in os.listdir(fd):
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            if unused(entry, st) and _old(st, now):
+                _remove(fd, entry, st)
+                removed.append(st)
+    finally:
+        os.close(fd)
+    return removed
 
 
 def prune(runs_dir: str, keep: set[str], now: float) -> tuple[int, int, int]:
     """Remove the views of runs not in ``keep``, then every file of the store no view links to
     (and leftovers of interrupted transfers). (files removed, bytes freed, views removed)."""
-    views, store = os.path.join(runs_dir, VIEWS), os.path.join(runs_dir, STORE)
-    dropped = 0
-    if os.path.isdir(views):
-        for run_id in os.listdir(views):
-            st = os.stat(os.path.join(views, run_id), follow_symlinks=False)
-            if run_id not in keep and _old(st, now):
-                _remove(views, run_id, st)
-                dropped += 1
-    files = freed = 0
-    if os.path.isdir(store):
-        for name in os.listdir(store):
-            st = os.stat(os.path.join(store, name), follow_symlinks=False)
-            linked = stat.S_ISREG(st.st_mode) and DIGEST.match(name) and st.st_nlink > 1
-            if not linked and _old(st, now):
-                _remove(store, name, st)
-                files, freed = files + 1, freed + st.st_size
-    return files, freed, dropped
+    views = _pruned(runs_dir, VIEWS, now, lambda run_id, st: run_id not in keep)
+    files = _pruned(runs_dir, STORE, now, lambda name, st: not (stat.S_ISREG(st.st_mode) and DIGEST.match(name) and st.st_nlink > 1))
+    return len(files), sum(st.st_size for st in files), len(views)
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,7 +125,7 @@ class Runtime:
             shipped = shipping.ship(self.nodes, h, store, manifest)
             shipping.give_view(self.nodes, h, store, containers.store_view(dirs[h.name]), manifest)
             target = f"{dirs[h.name]}/{workdir.MANIFEST}"
-            self.nodes.check(h, ["sh", "-c", f"{containers.private_dirs(dirs[h.name])} && cat > {shlex.quote(target)}"],
+            self.nodes.check(h, ["sh", "-c", f"{containers.private_dirs(dirs[h.name])} && {containers.write_file(target)}"],
                              "writing the working directory's manifest", input=body)
             return shipped
 
@@ -231,12 +231,18 @@ class HostRuntime(Runtime):
         return str((run.path / "data").resolve())
 
     def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
-        # The ranks find every dataset under one directory, as they do in a container.
+        # The ranks find every dataset under one directory, as they do in a container. It is made
+        # anew: a rank may have left a link in its place, or in place of a dataset's directory,
+        # which mkdir and unlink would follow into another directory of this machine.
+        data = run.path / "data"
+        if data.is_symlink() or not data.is_dir():
+            data.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(data)
         for found in self.staged.values():
-            d = run.path / "data" / found.dataset
-            d.mkdir(parents=True, exist_ok=True)
+            d = data / found.dataset
+            d.mkdir(parents=True)
             for p in found.paths:
-                (d / p.name).unlink(missing_ok=True)
                 (d / p.name).symlink_to(p.resolve())
         super().stage(run, manifest)
 

@@ -1,4 +1,4 @@
-"""A container's lease: ``python -m edgetrain.rank.lease FILE SECONDS -- COMMAND...``, the
+"""A container's lease: ``python -m edgetrain.rank.lease FILE SECONDS STATE -- COMMAND...``, the
 container's command (under Docker's ``--init``), which runs COMMAND (the container's sshd) for as
 long as the lease holds.
 
@@ -13,6 +13,10 @@ later, and any error of the watcher itself, end COMMAND just the same. Time is m
 node's monotonic clock, from the moment the watcher saw FILE change: a Pi without a real-time clock
 steps its wall clock at NTP sync, and a lease read as ``now - mtime`` would then run out at once or
 never.
+
+The watcher keeps in STATE (a path of the container's own, which no rank can write) when it last
+saw FILE change, on that clock, and ``python -m edgetrain.rank.lease --age STATE`` prints the
+seconds since: ``edgetrain clean`` judges a lease by the very clock the watcher ends it by.
 """
 
 from __future__ import annotations
@@ -35,15 +39,42 @@ def stamp(path: str) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
-def watch(path: str, limit: float, child: subprocess.Popen, poll: float) -> str:
-    """Wait while the lease holds and COMMAND runs; returns why the wait ended."""
+def record(state: str, renewed: float) -> None:
+    """Keep the monotonic time of the last renewal seen in ``state``, as a new file renamed in. One
+    that cannot be written (a full disk) is removed instead: its lease is then unreadable, and
+    ``clean`` keeps the container rather than judge it by a stale renewal."""
+    tmp = f"{state}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{renewed!r}\n")
+        os.replace(tmp, state)
+    except OSError:
+        for stale in (tmp, state):
+            try:
+                os.unlink(stale)
+            except OSError:
+                pass
+
+
+def age(state: str) -> float:
+    """Seconds since the watcher last saw its lease renewed, on this node's monotonic clock."""
+    with open(state) as f:
+        return time.monotonic() - float(f.read())
+
+
+def watch(path: str, limit: float, child: subprocess.Popen, poll: float, state: str) -> str:
+    """Wait while the lease holds and COMMAND runs, keeping the last renewal in ``state``; returns
+    why the wait ended."""
     seen, renewed = stamp(path), time.monotonic()
+    record(state, renewed)
     while child.poll() is None:
         now = stamp(path)
         if now is None:
             return f"lease {path} is gone"
         if now != seen:
             seen, renewed = now, time.monotonic()
+            record(state, renewed)
         elif time.monotonic() - renewed > limit:
             return f"lease {path} not renewed for {limit:.0f} s: the controller is gone"
         time.sleep(poll)
@@ -62,10 +93,18 @@ def end(child: subprocess.Popen) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) < 4 or args[2] != "--":
-        print("usage: python -m edgetrain.rank.lease FILE SECONDS -- COMMAND...", file=sys.stderr)
+    if len(args) == 2 and args[0] == "--age":
+        try:
+            print(f"{age(args[1]):.1f}")
+        except (OSError, ValueError) as exc:
+            print(f"edgetrain: lease state {args[1]} cannot be read: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if len(args) < 5 or args[3] != "--":
+        print("usage: python -m edgetrain.rank.lease FILE SECONDS STATE -- COMMAND...\n"
+              "       python -m edgetrain.rank.lease --age STATE", file=sys.stderr)
         return 2
-    path, limit, command = args[0], float(args[1]), args[3:]
+    path, limit, state, command = args[0], float(args[1]), args[2], args[4:]
     if stamp(path) is None:
         print(f"edgetrain: lease {path} does not exist: not starting {command[0]}", file=sys.stderr, flush=True)
         return 1
@@ -73,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     child = subprocess.Popen(command)
     try:
-        why = watch(path, limit, child, poll=min(5.0, limit / 4))
+        why = watch(path, limit, child, poll=min(5.0, limit / 4), state=state)
     except SystemExit:
         why = "asked to stop"
         raise
