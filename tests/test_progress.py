@@ -11,7 +11,8 @@ from rich.console import Console
 
 import pytest
 
-from edgetrain.shared.progress import EVENT_PREFIX, ConsoleProgress, Events, checked, parse
+from edgetrain.shared.progress import EVENT_CHARS, EVENT_PREFIX, ConsoleProgress, Events, checked, parse
+from edgetrain.shared.untrusted import MAX_DEPTH
 
 EPOCH = {"event": "epoch", "epoch": 2, "elapsed": 10.0, "images_per_sec": 3487.4}
 # Keras' in-place redraw, as read with universal newlines: its carriage return ends the line.
@@ -109,3 +110,26 @@ def test_reports_faster_than_a_redraw_are_drawn_at_the_next_redraw_or_the_epochs
     shown = out.getvalue()
     assert "10/60" in shown and "60/60" in shown  # the first, and the epoch's end
     assert "11/60" not in shown and "12/60" not in shown
+
+
+@pytest.mark.parametrize("body", [
+    "[" * 5000 + "]" * 5000,  # deeper than Python's recursion: RecursionError before events were bounded
+    '{"event": "finished", "x": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}",  # within the object, one level too deep
+    json.dumps({"event": "finished", "x": "y" * EVENT_CHARS}),
+    json.dumps({"event": "start", "job": "j", "ranks": 1, "epochs": 1, "initial_epoch": 0, "steps": 1, "versions": {"x": [1]}}),
+])
+def test_an_event_too_deep_too_long_or_of_the_wrong_shape_is_the_programs_text(body):
+    assert checked(body) is None
+    line = f"{EVENT_PREFIX}:{TOKEN} {body}\n"
+    assert parse_(line) == [line.rstrip("\n")]
+
+
+def test_what_rank_0_reports_is_drawn_as_it_wrote_it_never_as_markup_or_control_sequences():
+    out = io.StringIO()
+    with ConsoleProgress(Console(file=out, force_terminal=True, width=200)) as bar:
+        bar.event({"event": "start", "job": "[/job] [bold]mine", "ranks": 1, "epochs": 1, "initial_epoch": 0, "steps": 10})
+        bar.event({"event": "keras", "step": 1, "steps": 10, "text": "loss: 0.5 - acc[/top5]: 0.9 \x1b]0;pwned\x07\x1b[2J"})
+    shown = out.getvalue()
+    assert "training [/job] [bold]mine on 1 ranks" in shown
+    assert "loss: 0.5 - acc[/top5]: 0.9" in shown
+    assert "pwned" not in shown and "\x1b[2J" not in shown and "\x1b]" not in shown

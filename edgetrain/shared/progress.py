@@ -15,6 +15,9 @@ import sys
 import time
 from typing import TextIO
 
+from edgetrain.shared import terminal, untrusted
+from edgetrain.shared.untrusted import NUMBER, MapOf, Obj
+
 EVENT_PREFIX = "@edgetrain"
 TOKEN_ENV = "EDGETRAIN_EVENTS_TOKEN"
 # Keras' progress bar between its steps ("12/30 [===>....] - ETA: 4s - loss: ..."), redrawn with
@@ -23,25 +26,27 @@ KERAS_UPDATE = re.compile(r"^\s*(\d+)/(\d+) \[[=>.]*\] - ETA: \S+( - (.*))?$")
 # How often rank 0 reports its steps (edgetrain.callbacks), and so how often the console redraws at most.
 REPORT_S = 0.5
 
-NUMBER = (int, float)
 MAYBE_NUMBER = (int, float, type(None))
-# Each kind of event a rank may send: the fields it must have, then fields it may have, with their
-# types - every field the controller reads (ConsoleProgress, the launcher, bench). Other fields
-# (a script's own metrics) travel along unread.
-SCHEMA: dict[str, tuple[dict[str, tuple[type, ...]], dict[str, tuple[type, ...]]]] = {
-    "start": ({"job": (str,), "ranks": (int,), "epochs": (int,), "initial_epoch": (int,), "steps": (int,)},
-              {"versions": (dict,)}),
-    "step": ({"epoch": (int,), "step": (int,), "steps": (int,), "loss": NUMBER}, {"images_per_sec": MAYBE_NUMBER}),
-    "epoch": ({"epoch": (int,), "elapsed": NUMBER},
-              {k: NUMBER for k in ("loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec")}),
-    "eval": ({"epoch": (int,), "step": (int,), "seconds": NUMBER, "val_accuracy": NUMBER, "eval_seconds": NUMBER},
-             {"reached": (bool,), "target_accuracy": NUMBER}),
-    "finished": ({}, {}),
-    "failed": ({"rank": (int,), "host": (str,), "error": (str,)}, {"fix": (str, type(None)), "kind": (str,)}),
-    "lost": ({"host": (str,), "ranks": (list,), "why": (str,)}, {}),  # edgetrain.rank.hostjobs': a job the run goes on without
-    "allreduce": ({k: NUMBER for k in ("ranks", "bytes", "iters", "seconds", "cpu_seconds", "latency_seconds", "cycle_seconds",
-                                        "idle_cpu_per_second")},
-                  {"fp16": (bool,), "transport": (str,)}),
+# The longest event read: a rank's error message fits in it, and anything longer is the program's text.
+EVENT_CHARS = 64 * 1024
+# Each kind of event a rank may send: the fields it must have, then fields it may have - every
+# field the controller reads (ConsoleProgress, the launcher, bench). Other fields (a script's own
+# metrics) travel along unread.
+SCHEMA: dict[str, Obj] = {
+    "start": Obj({"job": (str,), "ranks": (int,), "epochs": (int,), "initial_epoch": (int,), "steps": (int,)},
+                 {"versions": MapOf((str,))}),
+    "step": Obj({"epoch": (int,), "step": (int,), "steps": (int,), "loss": NUMBER}, {"images_per_sec": MAYBE_NUMBER}),
+    "epoch": Obj({"epoch": (int,), "elapsed": NUMBER},
+                 {k: NUMBER for k in ("loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec")}),
+    "eval": Obj({"epoch": (int,), "step": (int,), "seconds": NUMBER, "val_accuracy": NUMBER, "eval_seconds": NUMBER},
+                {"reached": (bool,), "target_accuracy": NUMBER}),
+    "finished": Obj(),
+    "failed": Obj({"rank": (int,), "host": (str,), "error": (str,)}, {"fix": (str, type(None)), "kind": (str,)}),
+    "lost": Obj({"host": (str,), "ranks": (list,), "why": (str,)}),  # edgetrain.rank.hostjobs': a job the run goes on without
+    "rank": Obj({"rank": (int,), "host": (str,)}),  # every rank's worker, as it starts: the launcher counts them
+    "allreduce": Obj({k: NUMBER for k in ("ranks", "bytes", "iters", "seconds", "cpu_seconds", "latency_seconds", "cycle_seconds",
+                                          "idle_cpu_per_second")},
+                     {"fp16": (bool,), "transport": (str,)}),
 }
 
 
@@ -53,25 +58,18 @@ def _marker(token: str) -> str:
     return f"{EVENT_PREFIX}:{token} "
 
 
-def _fits(value, types: tuple[type, ...]) -> bool:
-    # JSON's true is no count: a bool passes only where the schema names bool.
-    return isinstance(value, types) and (not isinstance(value, bool) or bool in types)
-
-
 def checked(text: str) -> dict | None:
-    """The event ``text`` holds, or None where it is not one of SCHEMA's kinds with its fields."""
+    """The event ``text`` holds, or None where it is not one of SCHEMA's kinds with its fields, or
+    is longer or deeper than an event is (EVENT_CHARS, untrusted.MAX_DEPTH)."""
+    if len(text) > EVENT_CHARS:
+        return None
     try:
-        event = json.loads(text)
+        event = untrusted.loads(text)
     except ValueError:
         return None
     if not isinstance(event, dict) or event.get("event") not in SCHEMA:
         return None
-    required, optional = SCHEMA[event["event"]]
-    if not all(k in event and _fits(event[k], t) for k, t in required.items()):
-        return None
-    if not all(_fits(event[k], t) for k, t in optional.items() if k in event):
-        return None
-    return event
+    return event if untrusted.problem(event, SCHEMA[event["event"]]) is None else None
 
 
 class Events:
@@ -126,10 +124,11 @@ class ConsoleProgress:
 
         self.console = console
         self.bar = Progress(
-            TextColumn("{task.description}"),
+            # What a rank reports is shown as text, never read as rich's markup.
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[detail]}", markup=False),
             TimeElapsedColumn(),
             console=console,
             transient=True,
@@ -174,7 +173,7 @@ class ConsoleProgress:
         if kind == "start":
             self.epochs = e["epochs"]
             resumed = f", resuming after epoch {e['initial_epoch']}" if e["initial_epoch"] else ""
-            self.console.print(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}", highlight=False)
+            self.console.print(terminal.shown(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}"), highlight=False)
         elif kind == "step":
             ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
             self._show(f"epoch {e['epoch']}/{self.epochs}", e["step"], e["steps"], f"loss {e['loss']:.4f}{ips}")
@@ -182,20 +181,20 @@ class ConsoleProgress:
             # A new bar starts when the step count goes back (the next epoch).
             if self.task is not None and e["step"] < self.bar.tasks[-1].completed:
                 self._drop()  # the step count went back: the next epoch
-            self._show("rank 0", e["step"], e["steps"], e["text"][:80])
+            self._show("rank 0", e["step"], e["steps"], terminal.shown(e["text"]).plain[:80])
         elif kind == "epoch":
             self._drop()
-            shown = [f"{k} {e[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in e]
+            figures = [f"{k} {e[k]:.4f}" for k in ("loss", "accuracy", "val_loss", "val_accuracy") if k in e]
             ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
-            self.console.print(f"epoch {e['epoch']}/{self.epochs}: {'  '.join(shown)}{ips}  ({e['elapsed']:.0f} s)", highlight=False)
+            self.console.print(f"epoch {e['epoch']}/{self.epochs}: {'  '.join(figures)}{ips}  ({e['elapsed']:.0f} s)", markup=False, highlight=False)
             self.shown_epoch = e["epoch"]
         elif kind == "eval":
             at = f"epoch {e['epoch']} step {e['step']}, {e['seconds']:.1f} s from the first step"
             # The epoch's own validation is already on the epoch's line.
             if e["epoch"] != self.shown_epoch:
-                self.console.print(f"  evaluation at {at}: val_accuracy {e['val_accuracy']:.4f}  ({e['eval_seconds']:.1f} s)", highlight=False)
+                self.console.print(f"  evaluation at {at}: val_accuracy {e['val_accuracy']:.4f}  ({e['eval_seconds']:.1f} s)", markup=False, highlight=False)
             if e.get("reached"):
-                self.console.print(f"target val_accuracy {e['target_accuracy']:g} reached at {at}", highlight=False)
+                self.console.print(f"target val_accuracy {e['target_accuracy']:g} reached at {at}", markup=False, highlight=False)
 
 
 def rank0_events(rank: int) -> Events:
