@@ -38,7 +38,14 @@ def write(tmp_path, addresses: tuple[str, str] = ("198.18.250.11", "198.18.250.1
      "preflight: host n2 has edgetrain_arch 'armv7l'; set it to one of aarch64, x86_64"),
     ({"edgetrain_mpi_user": "Bad User"}, "host n2 in {inv}: edgetrain_mpi_user 'Bad User' is not a valid user name",
      "preflight: host n2 has edgetrain_mpi_user \"Bad User\"; it is not a valid user name."),
-], ids=["slots", "lease", "arch", "mpi-user"])
+    # Types are exact: a YAML true is no port (Python's int(True) is 1), 22.9 no port, 3.99 no count of slots.
+    ({"ansible_port": True}, "host n2 in {inv}: ansible_port is True, not a port number",
+     "preflight: host n2 has ansible_port 'True'; it must be a port number from 1 to 65535."),
+    ({"ansible_port": 22.9}, "host n2 in {inv}: ansible_port is 22.9, not a port number",
+     "preflight: host n2 has ansible_port '22.9'; it must be a port number from 1 to 65535."),
+    ({"edgetrain_slots": 3.99}, "host n2 in {inv}: edgetrain_slots is 3.99, not a number of slots",
+     "preflight: host n2 has edgetrain_slots '3.99'; it must be a number of slots from 1 to 4096."),
+], ids=["slots", "lease", "arch", "mpi-user", "port-true", "port-fraction", "slots-fraction"])
 def test_the_cli_and_the_preflight_play_refuse_the_same_values(tmp_path, node2, cli, play):
     inv = write(tmp_path, **node2)
     assert_one_line_error(edgetrain("run", "lenet", "-i", inv, "--runs-dir", str(tmp_path / "runs")), cli.format(inv=inv))

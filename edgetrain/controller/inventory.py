@@ -143,31 +143,45 @@ class Invalid(ValueError):
     """A value the schema refuses; the message is the one line that says why."""
 
 
+# The JSON types a rule names, exactly: true is no number (Python's bool is an int), 22.9 no integer.
+JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "object": (dict,)}
+
+
+def _typed(value, types: str | list[str]) -> bool:
+    wanted = tuple(t for name in ([types] if isinstance(types, str) else types) for t in JSON_TYPES[name])
+    return isinstance(value, wanted) and not isinstance(value, bool)
+
+
 def conform(key: str, value):
     """``value`` as the schema's rule for ``key`` takes it (an integer from its digits), or Invalid."""
-    rule = PROPERTIES[key]
+    return _conform(PROPERTIES[key], key, value)
+
+
+def _conform(rule: dict, key: str, value):
     meaning, problem = rule.get("x-meaning", ""), rule.get("x-problem", "")
     if "enum" in rule:
         if value not in rule["enum"]:
             raise Invalid(f"{key} is {value or 'missing'}; set it to one of {', '.join(rule['enum'])}")
         return value
-    if rule.get("type") == "integer":
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise Invalid(f"{key} is {value!r}, not {meaning}") from None
+    if rule["type"] == "integer":
+        # Digits as text, as an INI inventory may give them, are the number they spell (the play does the same).
+        number = int(value) if isinstance(value, str) and re.fullmatch("[0-9]+", value) else value
+        if not _typed(number, "integer"):
+            raise Invalid(f"{key} is {value!r}, not {meaning}")
         if not rule["minimum"] <= number <= rule["maximum"]:
             raise Invalid(f"{key} is {number}; it must be {meaning} from {rule['minimum']} to {rule['maximum']}")
         return number
-    if rule.get("type") == "object":
-        if not isinstance(value, dict):
+    if rule["type"] == "object":
+        if not _typed(value, "object"):
             raise Invalid(f"{key} {problem}")
+        for name, item in value.items():
+            _conform(rule["propertyNames"], f"{key} name", name)
+            _conform(rule["additionalProperties"], f"{key} {name}", item)
         return value
-    text = str(value)
     # Whole-string, as JSON Schema means it: re.match's "$" would let a trailing line break through.
-    if len(text) < rule.get("minLength", 0) or not re.fullmatch(rule.get("pattern", ".*"), text, re.S):
-        raise Invalid(f"{key} {text!r} {problem}")
-    return text
+    if not (_typed(value, rule["type"]) and (not isinstance(value, str) or re.fullmatch(rule["pattern"], value, re.S))):
+        raise Invalid(f"{key} {value!r} {problem}")
+    return value
 
 
 def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:

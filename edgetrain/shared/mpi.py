@@ -65,6 +65,8 @@ class Hydra:
             argv += ["-iface", self.iface]
         if self.ssh:
             argv += ["-bootstrap", "ssh"]
+        # Hydra reads a name holding "=" as NAME=VALUE, and the value after it as the program to run:
+        # the inventory's names are variable names (edgetrain.controller.inventory's schema).
         for k, v in {**self.env, **(env or {})}.items():
             argv += ["-genv", k, v]
         return argv
