@@ -164,8 +164,9 @@ def _conform(rule: dict, key: str, value):
             raise Invalid(f"{key} is {value or 'missing'}; set it to one of {', '.join(rule['enum'])}")
         return value
     if rule["type"] == "integer":
-        # Digits as text, as an INI inventory may give them, are the number they spell (the play does the same).
-        number = int(value) if isinstance(value, str) and re.fullmatch("[0-9]+", value) else value
+        # Digits as text, as an INI inventory may give them, are the number they spell (the play does the same);
+        # a few: Python refuses to read thousands.
+        number = int(value) if isinstance(value, str) and re.fullmatch("[0-9]{1,20}", value) else value
         if not _typed(number, "integer"):
             raise Invalid(f"{key} is {value!r}, not {meaning}")
         if not rule["minimum"] <= number <= rule["maximum"]:
