@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from edgetrain.shared import checkpoints, runs, untrusted
+from edgetrain.shared import checkpoints, runs, untrusted, workdir
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
 
@@ -227,3 +227,15 @@ def test_a_run_json_tmp_that_is_a_link_is_replaced_not_written_through(root, tmp
     assert target.read_text() == "keep me\n"
     assert run.record().status == "failed" and not os.path.lexists(run.path / "run.json.tmp")
     assert run.info_file.stat().st_mtime >= before - 1 and not run.info_file.is_symlink()
+
+
+def test_a_shipped_manifest_nested_too_deep_is_named_by_show_and_refused_by_collect(root, tmp_path):
+    # Without outputs.json (rank 0 killed before it listed them), outputs are found against what was shipped.
+    (root / BAD / "work").mkdir()
+    (root / BAD / workdir.MANIFEST).write_text('{"root": "/p", "files": ' + DEEP + "}")
+    shown = edgetrain("runs", "show", BAD, "--runs-dir", str(root), env={"COLUMNS": "200"})
+    assert shown.returncode == 0 and "program: lenet" in shown.stdout, shown.stderr
+    assert shown.stderr.strip().splitlines() == [f"edgetrain: warning: {root / BAD / workdir.MANIFEST} is damaged (it nests deeper than "
+                                                 f"{untrusted.MAX_DEPTH} levels) - copy the run directory by hand"]
+    assert_one_line_error(edgetrain("collect", BAD, "--dest", str(tmp_path / "dest"), "--runs-dir", str(root)),
+                          f"{workdir.MANIFEST} is damaged (it nests deeper than")

@@ -141,7 +141,10 @@ def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -
             warn(f"{listed} names {name!r}, outside the run directory: not collected")
         return {n: v for n, v in named.items() if checkpoints.confined(n)}
     shipped = run.path / workdir.MANIFEST
-    manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.path / "work", ())
+    try:
+        manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.path / "work", ())
+    except (OSError, ValueError) as exc:
+        raise EdgetrainError(f"{shipped} is damaged ({exc})", "copy the run directory by hand") from None
     work = workdir.changed(manifest, run.path / "work") if (run.path / "work").is_dir() else {}
     out = workdir.changed(workdir.Manifest(run.path, ()), run.path / "outputs") if (run.path / "outputs").is_dir() else {}
     return {**{f"work/{k}": v for k, v in work.items()}, **{f"outputs/{k}": v for k, v in out.items()}}
