@@ -41,7 +41,7 @@ class Collected:
 def _open_inside(root: Path, rel: str) -> int:
     """A descriptor of the regular file ``rel`` under ``root``, reached without following a link at
     any step: a rank's program may leave links in its run directory that point anywhere on the
-    machine. OSError (ELOOP) where a step is a link, also where the file is not a regular file."""
+    machine. OSError: ELOOP where a step is a link, EINVAL where the file is not a regular file."""
     parts = rel.split("/")
     at = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
