@@ -183,7 +183,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(two_epochs):
     (run / "checkpoints" / "epoch-0002" / "manifest.json").write_text("{not json")
     (run / "checkpoints" / "epoch-0001" / "state.index").write_bytes(b"rot too")
     r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--runs-dir", str(root))
-    assert_one_line_error(r, "has no intact checkpoint", "epoch-0002 (its manifest is damaged)", "epoch-0001 (state.index does not match")
+    assert_one_line_error(r, "has no intact checkpoint", "epoch-0002 (its manifest is damaged: ", "epoch-0001 (state.index does not match")
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -207,8 +207,9 @@ def test_runs_list_names_damage_and_still_lists_every_run(existing_runs, two_epo
     assert "20260101-000000-lenet-abcd" in r.stdout and "20260102-000000-lenet-beef" in r.stdout
     assert "epoch 1" in r.stdout.split("20260102-000000-lenet-beef")[1]  # the newest readable checkpoint
     warnings = r.stderr.strip().splitlines()
-    assert warnings == ["edgetrain: warning: run 20260102-000000-lenet-beef: metrics.jsonl line 2 is damaged (left out)",
-                        "edgetrain: warning: run 20260102-000000-lenet-beef: epoch-0002/manifest.json is damaged"]
+    assert warnings[0] == "edgetrain: warning: run 20260102-000000-lenet-beef: metrics.jsonl line 2 is damaged (not JSON; left out)"
+    assert warnings[1].startswith(f"edgetrain: warning: run 20260102-000000-lenet-beef: checkpoint {run / 'checkpoints' / 'epoch-0002'} "
+                                  "has no readable manifest (") and len(warnings) == 2
 
 
 def test_a_batch_larger_than_a_ranks_shard_is_refused_before_anything_starts(existing_runs):
@@ -331,7 +332,7 @@ def test_runs_show_says_when_the_target_was_reached_and_old_runs_still_read(exis
             "(2 evaluations took 3.0 s of it)") in shown.stdout
     listed = edgetrain("runs", "list", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})
     assert listed.returncode == 0 and "0.9700" in listed.stdout
-    assert listed.stderr.strip() == "edgetrain: warning: run 20260101-000000-lenet-abcd: metrics.jsonl line 5 is damaged (left out)"
+    assert listed.stderr.strip() == "edgetrain: warning: run 20260101-000000-lenet-abcd: metrics.jsonl line 5 is damaged (not JSON; left out)"
     (run / "metrics.jsonl").write_text(json.dumps({**EVAL, "step": 176, "seconds": 61.31, "images": 22528, "val_accuracy": 0.975,
                                                    "reached": False}) + "\n")
     shown = edgetrain("runs", "show", "20260101", "--runs-dir", str(existing_runs), env={"COLUMNS": "300"})

@@ -49,18 +49,20 @@ class Finding:
 @dataclass(frozen=True)
 class Observed:
     """What a failed attempt left: its run directory, its placement, mpirun's output lines, what
-    the watcher saw (a host or None, and why) and the failures rank 0 reported on its stream."""
+    the watcher saw (a host or None, and why), the failures rank 0 reported on its stream, and
+    where to say that a failure record is damaged."""
 
     run: runs.Run
     plan: placement.Placement
     output: Sequence[str]
     watched: tuple[Host | None, str] | None = None
     reported: Sequence[failures.Failure] = field(default_factory=tuple)
+    warn: Callable[[str], None] = lambda line: None  # a line for each failure record that is damaged
 
     @cached_property
     def records(self) -> list[failures.Failure]:
         """The ranks' failure records, with what rank 0 reported where its disk could not take the record."""
-        records = failures.read_all(self.run.path)
+        records = failures.read_all(self.run.path, self.warn)
         recorded = {f.rank for f in records}
         if any(f.rank not in recorded for f in self.reported):
             records = failures.in_order([*records, *(f for f in self.reported if f.rank not in recorded)])

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
 from edgetrain.controller import bench as benching
 from edgetrain.controller import collect as collecting
@@ -31,6 +32,7 @@ from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, TfParameterServer, Torch
+from edgetrain.shared.terminal import shown
 from edgetrain.controller.remote import Nodes
 
 app = typer.Typer(no_args_is_help=True, help="Data-parallel training on edge clusters.")
@@ -50,6 +52,15 @@ StrategyOpt = Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" f
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 
 
+def _say(line: str) -> None:
+    """A line that came from a program, a node or a run's files: shown as printed, never as markup."""
+    console.print(shown(line), highlight=False, soft_wrap=True)
+
+
+def _warn(problem: str) -> None:
+    err_console.print(shown(f"edgetrain: warning: {problem}"), highlight=False, soft_wrap=True)
+
+
 @app.command(context_settings={"help_option_names": ["-h", "--help"]})
 @with_job_options("run", programs.parse_options)
 def run(
@@ -65,6 +76,7 @@ def run(
     master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+    max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
     ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
     requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
@@ -81,8 +93,8 @@ def run(
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
                             tf_port=tf_port, master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2), ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes, rejoin=rejoin,
-                            log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+                            max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes, rejoin=rejoin,
+                            log=_say)
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
@@ -90,7 +102,7 @@ def run(
         started, outcome = _attempt(req)
         restart = launch.restart_after(started, outcome)
         if restart is not None:
-            err_console.print(restart.said, markup=False, highlight=False, soft_wrap=True)
+            err_console.print(shown(restart.said), highlight=False, soft_wrap=True)
         if restart is None or restart.request is None:
             break
         req = restart.request
@@ -106,20 +118,20 @@ def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
     scaled = benching.latest(req.runs_dir, req.program.name, req.inventory)
     advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
     if advice:
-        err_console.print(f"edgetrain: warning: {advice}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"run {started.run.id}: logs and outputs in {started.run.path}")
+        _warn(advice)
+    console.print(f"run {started.run.id}: logs and outputs in {started.run.path}", markup=False)
     if started.manifest is not None:
-        if started.manifest.withheld_note:
-            console.print(started.manifest.withheld_note, markup=False, highlight=False, soft_wrap=True)
+        for note in started.manifest.notes:
+            _say(note)
         for shipped in started.runtime.shipped:
             console.print(f"{shipped.host}: working directory {len(started.manifest.entries)} files, "
                           f"{shipped.files} shipped ({shipped.bytes / 1024:,.0f} KiB) in {shipped.seconds:.1f} s")
     if started.runtime.has_nodes:
         console.print(f"preflight ok on {', '.join(h.name for h in started.placement.hosts)}")
     with ConsoleProgress(console) as bar:
-        outcome = launch.execute(started, bar.event, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+        outcome = launch.execute(started, bar.event, _say)
     for problem in outcome.cleanup_errors:
-        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+        _warn(problem)
     return started, outcome
 
 
@@ -131,13 +143,13 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
         tested = started.run.test_score()
         if tested is not None:
             done += f", test accuracy {tested['test_accuracy']:.4f} ({tested.get('examples') or 0:,} test examples, scored once)"
-        console.print(f"run {started.run.id} completed{done}", soft_wrap=True)
+        console.print(f"run {started.run.id} completed{done}", markup=False, soft_wrap=True)
         return
     if outcome.state is runs.Status.INTERRUPTED:
         raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
     found = outcome.finding
     for line in found.log_tail if found else ():
-        err_console.print(f"  | {line}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(shown(f"  | {line}"), highlight=False, soft_wrap=True)
     who = outcome.why
     if found and found.instead_of_resume:
         raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; {found.instead_of_resume}")
@@ -164,7 +176,7 @@ def bench(
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
                                 int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
-                                log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True), reference=reference)
+                                log=_say, reference=reference)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     b = benching.Bench(req)
@@ -204,7 +216,7 @@ def collect(
     else:
         result = collecting.collect_local(run, dest)
     for problem in result.warnings:
-        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+        _warn(problem)
     verified = [f"checkpoints {', '.join(map(str, result.checkpoints))}"] if result.checkpoints else []
     verified += [f"{len(result.outputs)} outputs"] if result.outputs else []
     console.print(f"{result.dest}: {' and '.join(verified)} verified; "
@@ -225,7 +237,7 @@ def doctor(
         checks = doctoring.local_checks(runs_dir, data_dir)
         table = Table("check", "", "detail", box=None)
         for c in checks:
-            table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+            table.add_row(c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", shown(c.detail))
         console.print(table)
         failed = [c.name for c in checks if not c.ok]
         if failed:
@@ -235,12 +247,12 @@ def doctor(
     table = Table("node", "check", "", "detail", box=None)
     for node in report.nodes:
         for c in node.checks:
-            table.add_row(node.host.name, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail)
+            table.add_row(node.host.name, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", shown(c.detail))
     console.print(table)
     if report.probe is not None:
         ranks = Table("rank", "host", "arch", "TensorFlow", "Horovod", "MPI", box=None)
         for r in report.probe.ranks:
-            ranks.add_row(str(r["rank"]), r["host"], r["arch"], r["tensorflow"], r["horovod"], r["mpi"])
+            ranks.add_row(*(shown(str(r[k])) for k in ("rank", "host", "arch", "tensorflow", "horovod", "mpi")))
         console.print(ranks)
         console.print(f"MPI probe: {len(report.probe.ranks)} ranks, allreduce ok, {report.probe.seconds:.1f} s")
     failed = [f"{n.host.name} ({n.failure.name})" for n in report.nodes if n.failure]
@@ -263,7 +275,7 @@ def clean(inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The
     with Nodes() as nodes:
         found = containers.clean(nodes, [h for h in inv.hosts if h.runtime == "docker"], here)
     for c in found:
-        console.print(f"{c.host}: {c.container} ({c.detail})", markup=False, highlight=False)
+        _say(f"{c.host}: {c.container} ({c.detail})")
     console.print(f"{sum(c.removed for c in found)} container(s) removed, {sum(not c.removed for c in found)} kept")
     if store:
         with Nodes() as nodes:
@@ -290,11 +302,11 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
     problems = []
     for s in summaries:
         problems += s.problems
-        table.add_row(s.id, s.job, s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
+        table.add_row(shown(s.id), shown(s.job), s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
                       f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
     console.print(table)
     for problem in problems:
-        err_console.print(f"edgetrain: warning: {problem}", markup=False, highlight=False, soft_wrap=True)
+        _warn(problem)
 
 
 @runs_app.command("show")
@@ -305,32 +317,39 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
     r = runs.find(runs_dir, run_id)
     drawn = plots.draw(runs_dir, [r.id]) if plot else None
     rec = r.record()
+    # What is intact is shown; each damaged file, one line.
+    problems = list(runs.summarize(r).problems)
+    try:
+        outputs = collecting.outputs_of(r, problems.append)
+    except EdgetrainError as exc:
+        outputs = {}
+        problems.append(str(exc))
     if as_json:
         print(json.dumps({"schema": runs.SCHEMA, "id": r.id, "path": str(r.path), "status": r.status().value, "record": rec.to_json(),
-                          "metrics": r.metrics(), "evaluations": r.evaluations(), "test": r.test_score(), "outputs": collecting.outputs_of(r)},
-                         indent=1, default=str))
+                          "metrics": r.metrics(), "evaluations": r.evaluations(), "test": r.test_score(), "outputs": outputs,
+                          "problems": problems}, indent=1, default=str))
         return
     where = rec.placement
-    console.print(f"[bold]{r.id}[/]  {rec.kind.value} {rec.job}  status {r.status().value}  ({r.path})", highlight=False)
+    console.print(Text.assemble((shown(r.id).plain, "bold"), shown(f"  {rec.kind.value} {rec.job}  status {r.status().value}  ({r.path})")), highlight=False)
     if r.status() is runs.Status.ABANDONED:
         console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
                       f"{launch.command_of(r, rec.job)}", markup=False, highlight=False)
-    console.print(f"program: {rec.program.script or rec.job} {shlex.join(rec.program.args)}", markup=False, highlight=False)
+    _say(f"program: {rec.program.script or rec.job} {shlex.join(rec.program.args)}")
     if where is not None:
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
-                      + f" ({where.runtime} runtime, {where.strategy})", highlight=False)
-    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()), highlight=False)
+                      + f" ({where.runtime} runtime, {where.strategy})", markup=False, highlight=False)
+    _say("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()))
     for n, a in enumerate(rec.attempts, 1) if len(rec.attempts) > 1 or any(a.went_on_without for a in rec.attempts) else ():
         resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
         left_out = "".join(f"; {node} left out ({why})" for node, why in a.excluded.items())
         lost = "".join(f"; went on without {node} ({why})" for node, why in a.went_on_without.items())
-        console.print(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}", markup=False, highlight=False)
+        _say(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}")
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]
-        table = Table("epoch", *columns, box=None)
+        table = Table("epoch", *(Column(shown(k)) for k in columns), box=None)
         for m in metrics:
-            table.add_row(str(m["epoch"]), *(_cell(m.get(k)) for k in columns))
+            table.add_row(shown(str(m["epoch"])), *(shown(_cell(m.get(k))) for k in columns))
         console.print(table)
     target = runs.time_to_target(r)
     if target is not None:
@@ -339,14 +358,15 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
     if tested is not None:
         console.print(f"test accuracy {tested['test_accuracy']:.4f} on {tested.get('examples') or 0:,} test examples, scored once "
                       f"after training (validation was held out of the training set)", markup=False, highlight=False)
-    outputs = collecting.outputs_of(r)
     if outputs:
-        home = "" if where is None or where.runtime != "docker" else f" (on {where.hosts[0]['host']} until: edgetrain collect {r.id} --dest DIR)"
-        console.print(f"outputs of rank 0{home}:", highlight=False)
+        home = "" if where is None or where.runtime != "docker" or not where.hosts else f" (on {where.hosts[0]['host']} until: edgetrain collect {r.id} --dest DIR)"
+        console.print(f"outputs of rank 0{home}:", markup=False, highlight=False)
         for rel, digest in outputs.items():
-            console.print(f"  {rel}  sha256 {digest[:16]}", markup=False, highlight=False)
+            _say(f"  {rel}  sha256 {digest[:16]}")
     if drawn is not None:
         console.print(f"plot: {drawn}", markup=False, highlight=False, soft_wrap=True)
+    for problem in problems:
+        _warn(problem)
 
 
 @runs_app.command("plot")
@@ -414,7 +434,7 @@ def images_base(
     cache_dir: CacheOpt = None,
 ) -> None:
     """Make a minimal Debian base image with debootstrap + docker import (no registry needed)."""
-    tag = imaging.make_base(imaging.target(arch), cache_dir or imaging.default_cache_dir(), mirror=mirror, log=console.print)
+    tag = imaging.make_base(imaging.target(arch), cache_dir or imaging.default_cache_dir(), mirror=mirror, log=_say)
     console.print(tag)
 
 
@@ -434,18 +454,18 @@ def images_build(
         extra.read(requirements)  # a bad file is refused before the long build
     result = imaging.build(
         imaging.target(arch), cache_dir or imaging.default_cache_dir(), base_image=base_image,
-        apt_mirror=apt_mirror, apt_proxy=apt_proxy, arch_flags=arch_flags, tag=tag, log=console.print,
+        apt_mirror=apt_mirror, apt_proxy=apt_proxy, arch_flags=arch_flags, tag=tag, log=_say,
     )
     console.print(f"{result.tag}: {result.image_id}, {result.size_bytes / 1e9:.2f} GB, {result.seconds:.0f} s")
     if requirements is not None:
-        built = extra.build_image(arch, result.tag, requirements, console.print)
+        built = extra.build_image(arch, result.tag, requirements, _say)
         console.print(f"{built}: with {requirements}, {imaging.local_image_id(built)}")
 
 
 @images_app.command("distribute")
 def images_distribute(inventory: InventoryOpt = None) -> None:
     """Ship every docker node the image of its arch (docker save | ssh node docker load), verified by image ID."""
-    shipped = imaging.distribute(inventories.load(inventory), log=console.print)
+    shipped = imaging.distribute(inventories.load(inventory), log=_say)
     console.print(f"{sum(s.loaded for s in shipped)} node(s) loaded, {sum(not s.loaded for s in shipped)} already up to date")
 
 
@@ -476,5 +496,5 @@ def main() -> None:
     try:
         app()
     except EdgetrainError as exc:
-        err_console.print(f"edgetrain: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(shown(f"edgetrain: error: {exc}"), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -50,6 +50,7 @@ class RunRequest:
     resume: str | None = None
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
+    max_workdir_files: int = workdir.DEFAULT_MAX_FILES
     max_restarts: int = 0  # restarts on the nodes left after a node is lost
     restarts_done: int = 0  # of them, by this command so far
     min_nodes: int = 1  # never restart on fewer nodes than this
@@ -206,6 +207,9 @@ def _check_request(req: RunRequest) -> None:
         raise UsageError(f"--min-nodes {req.min_nodes} is not a number of nodes", "use 1 or more")
     if req.rejoin and not req.max_restarts:
         raise UsageError("--rejoin takes back a node a restart left out, and no restart was asked for", "add --max-restarts K")
+    if req.min_nodes > 1 and not req.max_restarts:
+        raise UsageError(f"--min-nodes {req.min_nodes} limits restarts, and no restart was asked for",
+                         "add --max-restarts K, or drop --min-nodes")
     if req.max_restarts and not req.program.keeps_checkpoints:
         raise UsageError(f"--max-restarts: {req.program.script} keeps no edgetrain checkpoints, so a restart could not resume it",
                          "use edgetrain.callbacks (Keras) or edgetrain.ddp (torch) in it, or drop --max-restarts")
@@ -268,10 +272,9 @@ def _intact(rt: runtimes.Runtime, head: inventory.Host, where: str, damaged: lis
     says; else None, with why appended to ``damaged``."""
     name = posixpath.basename(where)
     try:
-        manifest = checkpoints.check(json.loads(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"],
-                                                               "reading the checkpoint manifest")))
-    except (ValueError, KeyError, TypeError):
-        damaged.append(f"{name} (its manifest is damaged)")
+        manifest = checkpoints.parse(rt.nodes.check(head, ["cat", f"{where}/{checkpoints.MANIFEST}"], "reading the checkpoint manifest"))
+    except ValueError as exc:
+        damaged.append(f"{name} (its manifest is damaged: {exc})")
         return None
     checklist = "".join(f"{digest}  {file}\n" for file, digest in manifest["files"].items())
     check = rt.nodes.run(head, ["sh", "-c", f"cd {shlex.quote(where)} && sha256sum -c --quiet -"], input=checklist)
@@ -306,7 +309,7 @@ def prepare(req: RunRequest) -> Launch:
     plan = placement.plan(inv, req.np, req.group, req.per_node)
     _check_restarts(req, plan)
     program.check_ranks(req.np)
-    manifest = workdir.scan(program.workdir, req.max_workdir_bytes, req.ship_secrets) if program.workdir is not None else None
+    manifest = workdir.scan(program.workdir, req.max_workdir_bytes, req.ship_secrets, req.max_workdir_files) if program.workdir is not None else None
     if req.resume:
         # Before the node checks, which would take the live run's own containers for leftovers.
         runs.find(runs.ensure_writable(req.runs_dir), req.resume).refuse_if_live()
@@ -563,6 +566,9 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
         code = _exit_code(proc.wait(), seen, on_output)
         if code != 0 and watch.failure is None and watch.back is None:
             _await_dead_node(launch.runtime, watch)
+        unstarted = _unstarted(launch, watch, seen)
+        if code == 0 and unstarted and watch.failure is None:
+            watch.failure = (None, unstarted)
         state = (Status.COMPLETED if code == 0 and watch.failure is None and watch.back is None and seen.record_error is None
                  else Status.FAILED)
     except KeyboardInterrupt:
@@ -574,7 +580,8 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup,
                       lost=lost, back=watch.back)
     if state == Status.FAILED:
-        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported))
+        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported,
+                                                    lambda line: launch.request.log(f"edgetrain: warning: {line}")))
     if seen.record_error is not None:
         raise _unrecorded(launch, outcome, seen.record_error)
     return outcome
@@ -594,6 +601,7 @@ class _Seen:
     first_step: float | None = None  # seconds from the launch to the first step's event
     finished: bool = False  # every rank passed the final barrier
     reported: list[failures.Failure] = field(default_factory=list)  # failures rank 0 reported on its stream
+    started: set[int] = field(default_factory=set)  # ranks whose worker said it started (its "rank" event)
     record_error: EdgetrainError | None = None  # this machine could not record the run (a full disk)
 
 
@@ -636,6 +644,8 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
         seen.last = event
     elif kind == "finished":
         seen.finished = True
+    elif kind == "rank":
+        seen.started.add(event["rank"])
     elif kind == "lost" and event["host"] in launch.losable:
         watch.go_on_without(event["host"], event["why"])
     elif kind == "failed":
@@ -643,11 +653,26 @@ def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
         watch.rank_failed = watch.rank_failed or time.monotonic()
     elif kind == "start" and seen.record_error is None:
         try:
-            launch.run.update(versions={**launch.run.record().versions, **event.get("versions", {})})
+            # The program adds the versions it found; what edgetrain recorded of itself and the runtime stands.
+            launch.run.update(versions={**event.get("versions", {}), **launch.run.record().versions})
         except EdgetrainError as exc:
             # This machine's disk is full: a run it cannot record is ended now, cleanly.
             seen.record_error = exc
             launch.runtime.stop()
+
+
+def _unstarted(launch: Launch, watch: _Watch, seen: _Seen) -> str | None:
+    """What is wrong with a run some of whose ranks never started edgetrain's worker (mpirun ran
+    something else in its place, exit status and all), apart from those on nodes it went on
+    without; None where every rank started."""
+    gone = {r for h in launch.placement.hosts if h.name in watch.went_on_without for r in launch.placement.ranks_on(h)}
+    missing = sorted(set(range(launch.placement.np)) - gone - seen.started)
+    if not missing:
+        return None
+    which = ("no rank started" if len(missing) == launch.placement.np
+             else f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never started")
+    return (f"mpirun exited with 0, but {which} edgetrain's worker: mpirun ran something else in its place "
+            "(look at the inventory's edgetrain_mpi_env, and at the output above)")
 
 
 def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:

@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     scratch = tempfile.tempdir = tempdirs.make(f"rank{rank}")
     code = 1
     try:
+        # Every rank says it started, on the launcher's stream: a run none of whose workers started
+        # (mpirun ran something else in their place) is never taken for a completed one.
+        Events(events.stream, enabled=bool(args.events_token), token=args.events_token).emit("rank", rank=rank, host=host)
         code = _run(args, rank, size, host, console, events)
     except BaseException as exc:  # noqa: BLE001 - a failure of edgetrain's own tail (a full disk...)
         _failed(run_dir, rank, host, events, exc)

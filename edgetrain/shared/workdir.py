@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgetrain.shared import untrusted
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
@@ -86,8 +87,15 @@ class Manifest:
 
     @staticmethod
     def from_json(text: str) -> Manifest:
-        data = json.loads(text)
-        return Manifest(Path(data["root"]), tuple(Entry(**e) for e in data["files"]))
+        """The manifest ``text`` holds; ValueError saying what is wrong where it is damaged (a rank
+        can write where it lies)."""
+        data = untrusted.check(untrusted.loads(text), SHIPPED)
+        return Manifest(Path(data["root"]), tuple(Entry(e["path"], e["sha256"], e["size"], e["mode"]) for e in data["files"]))
+
+
+# What workdir.json holds: the folder shipped, and each of its files.
+SHIPPED = untrusted.Obj({"root": (str,), "files": untrusted.ListOf(untrusted.Obj({"path": (str,), "sha256": untrusted.SHA256,
+                                                                                  "size": (int,), "mode": (int,)}))})
 
 
 def _patterns(root: Path) -> tuple[list[tuple[bool, str]], str | None]:
