@@ -24,7 +24,7 @@ KEYS = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOriginalKeyOfTheNode pi@node\n"
 
 def test_a_resume_replaces_a_rank_s_links_in_the_run_directory_and_writes_through_none(isolated):
     """The issue's case: the program links workdir.json to ~/.ssh/authorized_keys (a stand-in
-    here), and the dataset directory to another directory of the user's; the resume wrote the
+    here), the machinefile to another file of the user's, and the dataset directory to another directory of the user's; the resume wrote the
     manifest over the keys and its dataset links into that directory."""
     keys = isolated / "home" / ".ssh" / "authorized_keys"
     keys.parent.mkdir(parents=True)
@@ -32,10 +32,14 @@ def test_a_resume_replaces_a_rank_s_links_in_the_run_directory_and_writes_throug
     elsewhere = isolated / "home" / "notes"
     elsewhere.mkdir()
     (elsewhere / "todo.txt").write_text("mine\n")
+    machines = isolated / "home" / "hosts.txt"
+    machines.write_text("my own list\n")
     script = project_script(isolated, f"""import os, shutil
 run = os.environ["EDGETRAIN_RUN_DIR"]
 os.unlink(os.path.join(run, "workdir.json"))
 os.symlink(os.path.relpath({str(keys)!r}, run), os.path.join(run, "workdir.json"))
+os.unlink(os.path.join(run, "machinefile"))
+os.symlink({str(machines)!r}, os.path.join(run, "machinefile"))
 data = os.environ["EDGETRAIN_DATA"]
 print("datasets staged:", sorted(os.listdir(data)))
 shutil.rmtree(data)
@@ -50,6 +54,7 @@ os.symlink({str(elsewhere)!r}, data)
     resumed = edgetrain("run", str(script), "--np", "1", "--resume", run_dir.name)
     assert resumed.returncode == 0, resumed.stderr
     assert keys.read_text() == KEYS
+    assert machines.read_text() == "my own list\n"  # the machinefile, written on the controller
     assert sorted(p.name for p in elsewhere.iterdir()) == ["todo.txt"]
     # The resumed rank had its working copy from the manifest and the datasets staged anew.
     assert staged in resumed.stdout.splitlines(), resumed.stdout

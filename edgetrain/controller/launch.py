@@ -333,7 +333,7 @@ def prepare(req: RunRequest) -> Launch:
             run = created = runs.create(root, program.name)
             lock = run.lock()
         rt.stage(run, manifest)
-        run.machinefile.write_text(plan.machinefile())
+        runs.write_anew(run.machinefile, plan.machinefile().encode())
         token = progress.new_token()
         worker = _worker_command(req, rt, run, plan, resumed_epoch, token)
         try:

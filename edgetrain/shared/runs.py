@@ -46,6 +46,28 @@ def default_root() -> Path:
     return Path(os.environ.get("EDGETRAIN_RUNS", "runs"))
 
 
+def write_anew(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Put ``data`` at ``path`` atomically and durably, as a new file: a link a rank left at the
+    path or at its temporary name (ranks can write a run directory on the host runtime) is
+    replaced, never written through. On an error (a full disk) the old file stays as it was."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        checkpoints.fsync_dir(path.parent)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True)
 class Run:
     path: Path
@@ -96,23 +118,9 @@ class Run:
         else:
             record = RunRecord(**{"id": self.id, **changes})
         data = (json.dumps(record.to_json(), indent=2, sort_keys=True, default=str) + "\n").encode()
-        tmp = self.info_file.with_suffix(".json.tmp")
         try:
-            # A new file, never one already there: a link left in its place would have the record
-            # written through it, over whatever it points to.
-            tmp.unlink(missing_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.info_file)
-            checkpoints.fsync_dir(self.path)
+            write_anew(self.info_file, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise EdgetrainError(f"cannot write {self.info_file}: {exc.strerror or exc}",
                                  f"free disk space on this machine ({self.path.parent})") from None
         return record
