@@ -18,13 +18,17 @@ from edgetrain.shared import failures, mpi, runs
 from edgetrain.controller import containers, placement
 from edgetrain.controller.inventory import Host
 
+# How a run whose ranks mpirun never started as edgetrain's workers is described (launch's _unstarted).
+NOT_THE_WORKER = "started edgetrain's worker"
 # Failures a resume repeats, each with what to do instead: a module the script imports is missing;
-# a local rank was pinned to a GPU its host does not have.
+# a local rank was pinned to a GPU its host does not have; mpirun ran something else than the worker.
 UNRESUMABLE = (
     (re.compile(r"^(?:ModuleNotFoundError|ImportError)\b"),
      "add what is missing to a requirements.txt beside the script (or --requirements FILE), then run it again"),
     (re.compile(re.escape(failures.NO_SUCH_GPU)),
      "run it again with no more ranks on a host than it has GPUs (a lower --np, or fewer slots for it in the inventory)"),
+    (re.compile(re.escape(NOT_THE_WORKER)),
+     "fix what mpirun starts on the nodes (the inventory's edgetrain_mpi_env, the environment it passes), then run it again"),
 )
 TAIL_BYTES = 64 * 1024  # of a rank's log, for its last lines
 LINE_CHARS = 4096  # of a rank's log line, for the line its worker logs when it starts

@@ -669,9 +669,9 @@ def _unstarted(launch: Launch, watch: _Watch, seen: _Seen) -> str | None:
     missing = sorted(set(range(launch.placement.np)) - gone - seen.started)
     if not missing:
         return None
-    which = ("no rank started" if len(missing) == launch.placement.np
-             else f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never started")
-    return (f"mpirun exited with 0, but {which} edgetrain's worker: mpirun ran something else in its place "
+    which = ("no rank" if len(missing) == launch.placement.np
+             else f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never")
+    return (f"mpirun exited with 0, but {which} {blame.NOT_THE_WORKER}: mpirun ran something else in its place "
             "(look at the inventory's edgetrain_mpi_env, and at the output above)")
 
 
