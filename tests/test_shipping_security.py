@@ -212,6 +212,25 @@ def test_what_secret_scanners_flag_stays_home_and_the_run_names_it(tmp_path, pro
     assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == sorted(["train.py", *alike])
 
 
+def test_a_private_key_under_any_name_stays_home(tmp_path, project):
+    """A key is judged by its content too (the header secret scanners look for): saved as
+    server.crt, pasted below a config's settings, PuTTY's; prose about keys ships."""
+    body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7" * 4
+    keys = {"server.crt": f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----\n",
+            "conf/settings.txt": f"host = node1\nport = 22\n-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n",
+            "deploy/access": "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"}
+    prose = {"README.md": "Put your private key in ~/.ssh, never here.\n", "cert.crt": "-----BEGIN CERTIFICATE-----\nMIIB\n"}
+    for rel, text in {**keys, **prose}.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    m = workdir.scan(project)
+    assert sorted(m.withheld) == sorted(keys)
+    assert sorted(e.path for e in m.entries) == sorted(["train.py", *prose])
+    assert len(workdir.scan(project, secrets=True).entries) == 1 + len(keys) + len(prose)
+    (project / ".edgetrainignore").write_text("!server.crt\n")
+    assert "server.crt" in {e.path for e in workdir.scan(project).entries}
+
+
 def in_thread(fn) -> tuple[threading.Thread, dict]:
     result: dict = {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".venv/", "venv/", "runs/", 
 #   KeywordDetector): .env and its variants (.env.local, ...).
 SECRETS = (".env", ".env.*", "*.pem", "*.key", "*.ppk", "*.p12", "*.pfx", "id_*", ".netrc", ".git-credentials",
            ".pypirc", ".npmrc", ".docker/config.json", ".kube/config", ".aws/credentials")
+# A private key under any name (server.crt, a key pasted into config.txt): the header gitleaks'
+# private-key rule and detect-secrets' PrivateKeyDetector look for, PEM's and PuTTY's, in the part
+# of a file a key file starts with.
+PRIVATE_KEY = re.compile(rb"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-\d")
+KEY_HEAD_BYTES = 8192
 DEFAULT_MAX_BYTES = 256 * 1024**2
 # Every file is a tar member, a store entry and a hard link in each run's view, and a copy in each
 # rank's working copy: a folder of tens of thousands is a dataset or a mistake, not a project.
@@ -143,8 +149,23 @@ def _secret(rules: list[tuple[bool, str]], rel: str, path: Path) -> bool:
     """Whether a file shipping so far is held back as a secret: its path in the folder, or the real
     path it reaches through links (its own, or a linked folder's), looks like one and no rule of
     the ignore file asks for it."""
-    return (_looks_secret(rel) or _looks_secret(os.path.realpath(path))) and not any(
-        negated and _matches(p, rel, False) for negated, p in rules)
+    return (_looks_secret(rel) or _looks_secret(os.path.realpath(path))) and not _asked_for(rules, rel)
+
+
+def _asked_for(rules: list[tuple[bool, str]], rel: str) -> bool:
+    """Whether a ``!`` line of the ignore file names the file: it ships, secret or not."""
+    return any(negated and _matches(p, rel, False) for negated, p in rules)
+
+
+def _holds_private_key(path: Path, rules: list[tuple[bool, str]], rel: str) -> bool:
+    """Whether a file that shipping so far starts like a private key, and no rule of the ignore
+    file asks for it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(KEY_HEAD_BYTES)
+    except OSError:
+        return False
+    return PRIVATE_KEY.search(head) is not None and not _asked_for(rules, rel)
 
 
 def _too_much(root: Path, what: str, rel: str, option: str) -> UsageError:
@@ -194,6 +215,9 @@ def scan(root: Path, max_bytes: int = DEFAULT_MAX_BYTES, secrets: bool = False, 
             except OSError:
                 continue  # a dangling link
             if not stat.S_ISREG(st.st_mode):
+                continue
+            if not secrets and _holds_private_key(here / name, rules, rel):
+                withheld.append(rel)
                 continue
             total += st.st_size
             if total > max_bytes:
