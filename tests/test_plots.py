@@ -12,7 +12,7 @@ import pytest
 from edgetrain.controller import plots
 from edgetrain.shared import runs
 
-from .conftest import edgetrain
+from .conftest import edgetrain, project_script
 from .test_cli_errors import assert_one_line_error
 
 
@@ -120,3 +120,29 @@ def test_runs_plot_bad_input_is_one_line(tmp_path, args, error, code):
     argv = [a.format(run=run.id, bench=bench.name) for a in args]
     assert_one_line_error(edgetrain("runs", "plot", *argv, "--runs-dir", str(root)), error, code=code)
     assert not list(tmp_path.rglob("*.svg"))
+
+
+DAMAGED_BENCHES = {
+    "points of numbers": ({"points": [1]}, "points[0] is a whole number, not an object"),
+    "a rate in words": ({"points": [{"nodes": 2, "images_per_sec": "fast", "trials": []}]}, "points[0].images_per_sec is a string"),
+    "a range of three": ({**_bench(1.0), "predicted_range": {"2": [0.9, 0.95, 0.98]}}, "predicted_range['2'] holds 3 items, not 2"),
+    "a node count in words": ({**_bench(1.0), "predicted_efficiency": {"two": 0.9}}, "predicted_efficiency key 'two' is not a number of nodes"),
+    "nested deep": ("[" * 3000 + "]" * 3000, "nests deeper than"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_BENCHES, ids=list(DAMAGED_BENCHES))
+def test_a_damaged_bench_json_is_one_line_naming_the_field_and_run_passes_over_it(tmp_path, case):
+    """A bench directory is a run directory: its bench.json is read back by `runs plot` and by every
+    `edgetrain run` of the same program (for its advice), and either crashed on a damaged one."""
+    body, why = DAMAGED_BENCHES[case]
+    root = tmp_path / "runs"
+    bench = root / runs.new_id("bench-train")
+    bench.mkdir(parents=True)
+    (bench / "bench.json").write_text(body if isinstance(body, str) else json.dumps(body))
+    line = assert_one_line_error(edgetrain("runs", "plot", bench.name, "--runs-dir", str(root)), "bench.json cannot be read", why)
+    assert str(bench / "bench.json") in line
+    script = project_script(tmp_path, "print('trained', flush=True)\n")
+    trained = edgetrain("run", str(script), "--np", "1", "--runs-dir", str(root))
+    assert trained.returncode == 0, trained.stderr
+    assert "trained" in trained.stdout and "Traceback" not in trained.stderr

@@ -525,11 +525,12 @@ class Bench:
 
 
 def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
-    """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice."""
+    """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice;
+    one that is damaged is passed over."""
     want = _where(inventory)
     for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
         try:
-            body = json.loads(path.read_text())
+            body = plots.read(path)
         except (OSError, ValueError):
             continue
         if body.get("points") and body.get("inventory") == want:

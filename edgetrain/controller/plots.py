@@ -7,13 +7,31 @@ more runs' accuracy and img/s over their time.
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 
-from edgetrain.shared import runs
+from edgetrain.shared import runs, untrusted
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 BENCH = "bench.json"
+
+# What of bench.json is read back (run's advice, plots): a bench directory is a run directory,
+# as open to damage as run.json (edgetrain.shared.untrusted).
+_FIGURE = untrusted.Maybe(untrusted.NUMBER)
+_TRIAL = untrusted.Obj(optional={"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})
+_NODES = untrusted.Matches(re.compile(r"[1-9][0-9]{0,3}"), "a number of nodes")
+SCHEMA = untrusted.Obj(
+    {"points": untrusted.Maybe(untrusted.ListOf(untrusted.Obj(
+        {"nodes": (int,), "trials": untrusted.ListOf(_TRIAL)},
+        {k: _FIGURE for k in ("images_per_sec", "efficiency", "reference", "seconds_to_target")})))},
+    {"inventory": untrusted.Maybe((str,)), "target_accuracy": _FIGURE,
+     "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES),
+     "predicted_range": untrusted.MapOf(untrusted.ListOf(untrusted.NUMBER, 2), _NODES)})
+
+
+def read(path: Path) -> dict:
+    """A bench.json, checked against SCHEMA: OSError where it cannot be read, ValueError saying what is damaged."""
+    return untrusted.check(untrusted.load(path), SCHEMA)
 
 
 def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] | None = None) -> Path:
@@ -35,7 +53,7 @@ def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] 
     bodies = []
     for d in found:
         try:
-            bodies.append(json.loads((d / BENCH).read_text()))
+            bodies.append(read(d / BENCH))
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"{d / BENCH} cannot be read: {exc}", "the bench was cut short or the file was damaged") from None
     return save(bench_figure(list(zip(labels or [d.name for d in found], bodies))), out)

@@ -31,14 +31,18 @@ class Obj:
 
 @dataclass(frozen=True)
 class ListOf:
+    """A list whose every item fits ``item``; of exactly ``length`` items where it is given."""
+
     item: Schema
+    length: int | None = None
 
 
 @dataclass(frozen=True)
 class MapOf:
-    """An object whose every value fits ``value``."""
+    """An object whose every value fits ``value``, and every key ``key`` where it is given."""
 
     value: Schema
+    key: Matches | None = None
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,16 @@ def problem(value: Any, schema: Schema, name: str = "") -> str | None:
     if isinstance(schema, ListOf):
         if not isinstance(value, list):
             return f"{said} is {_kind(value)}, not a list"
+        if schema.length is not None and len(value) != schema.length:
+            return f"{said} holds {len(value)} items, not {schema.length}"
         return next(filter(None, (problem(v, schema.item, f"{name}[{i}]") for i, v in enumerate(value))), None)
     if not isinstance(value, dict):
         return f"{said} is {_kind(value)}, not an object"
     if isinstance(schema, MapOf):
+        if schema.key is not None:
+            wrong = next((k for k in value if schema.key.pattern.fullmatch(k) is None), None)
+            if wrong is not None:
+                return f"{name or 'a'} key {wrong!r} is not {schema.key.what}"
         return next(filter(None, (problem(v, schema.value, f"{name}[{k!r}]") for k, v in value.items())), None)
     for key in schema.required:
         if key not in value:
