@@ -172,10 +172,6 @@ def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
     return Restart(nxt, f"edgetrain: {host.name} lost ({how}); restarting on {', '.join(h.name for h in left)} with {np} ranks "
                         f"from the newest intact checkpoint ({req.max_restarts - nxt.restarts_done} restart(s) left)")
 
-    @property
-    def error(self) -> str | None:
-        return self.finding.error if self.finding is not None else None
-
 
 def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placement) -> runtimes.Runtime:
     name = req.runtime
