@@ -78,8 +78,8 @@ class Target:
     python: str  # the base image's python3 (bookworm: 3.11)
     glibc: int  # newest manylinux_2_N the base image's glibc runs
     debootstrap_base: bool  # a Debian base can be made with `edgetrain images base`
-    # torch from the wheelhouse (the CUDA image's); the CPU images take Debian's python3-torch with apt.
-    torch: tuple[str, ...] = ()
+    # The image's own torch pin, in place of constraints.txt's (its lines name CPU nodes by architecture).
+    torch: str | None = None
 
     @property
     def platform(self) -> str:
@@ -99,7 +99,7 @@ TARGETS: dict[str, Target] = {
     "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", ("tensorflow-cpu",), "3.11", 36, True),
     # The CUDA image builds on the same Debian base as amd64: CUDA, cuDNN and NCCL come as
     # TensorFlow's pip wheels, nvcc (for Horovod's kernels only) from Debian's non-free archive.
-    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True, ("torch",)),
+    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True, "torch==1.13.1"),
 }
 
 
@@ -152,11 +152,27 @@ def constraints_file() -> Path:
     return project_root() / "constraints.txt"
 
 
-def pinned_versions(constraints: Path) -> dict[str, str]:
-    """``name==version`` lines of a constraints file, by canonical lower-case name."""
-    pins = {}
-    for line in constraints.read_text().splitlines():
+def target_constraints(tgt: Target) -> str:
+    """constraints.txt as it applies to the target: each line whose marker holds there (evaluated for
+    the target, not this machine: a cross-build's pip would evaluate it here), without the marker,
+    and the target's own torch pin in place of the file's. What its wheelhouse is downloaded by
+    and its build installs by."""
+    env = _environment(tgt)
+    lines = []
+    for line in constraints_file().read_text().splitlines():
         line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        if (req.marker is None or req.marker.evaluate(env)) and not (tgt.torch and req.name == "torch"):
+            lines.append(f"{req.name}{req.specifier}")
+    return "".join(f"{line}\n" for line in [*lines, *([tgt.torch] if tgt.torch else [])])
+
+
+def pinned_versions(tgt: Target) -> dict[str, str]:
+    """The version of each ``name==version`` pin the target takes, by canonical lower-case name."""
+    pins = {}
+    for line in target_constraints(tgt).splitlines():
         if "==" in line:
             name, version = line.split("==", 1)
             pins[name.strip().lower()] = version.strip()
@@ -182,11 +198,8 @@ def build_project_wheel(dest: Path) -> Path:
     return next(dest.glob("edgetrain-*.whl"))
 
 
-def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement]:
-    """The wheel's dependencies plus those of ``extra``, as they apply on the target platform."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        meta = Parser().parsestr(zf.read(meta_name).decode())
+def _environment(tgt: Target) -> dict[str, str]:
+    """The marker environment of the target's Python."""
     env = default_environment()
     env.update(
         platform_machine=tgt.machine,
@@ -198,6 +211,15 @@ def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement
         implementation_name="cpython",
         platform_python_implementation="CPython",
     )
+    return env
+
+
+def wheel_requirements(wheel: Path, extra: str, tgt: Target) -> list[Requirement]:
+    """The wheel's dependencies plus those of ``extra``, as they apply on the target platform."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(zf.read(meta_name).decode())
+    env = _environment(tgt)
     reqs = []
     for line in meta.get_all("Requires-Dist") or []:
         req = Requirement(line)
@@ -219,7 +241,7 @@ def image_requirements(project_wheel: Path, tgt: Target) -> list[Requirement]:
 
 def wheelhouse_requirements(project_wheel: Path, tgt: Target) -> tuple[list[str], list[str]]:
     """(binary requirements, source-only requirements) for a target's wheelhouse."""
-    binary = [*tgt.tensorflow, *tgt.torch, *BUILD_REQUIREMENTS]
+    binary = [*tgt.tensorflow, "torch", *BUILD_REQUIREMENTS]
     binary += [str(r) for r in image_requirements(project_wheel, tgt) if r.name.lower() not in BUILT_FROM_SOURCE]
     return sorted(set(binary)), list(BUILT_FROM_SOURCE)
 
@@ -237,11 +259,9 @@ def prepare_wheelhouse(tgt: Target, cache_dir: Path, log: Log = print) -> Wheelh
     root = cache_dir / "wheelhouse" / tgt.name
     wheels = root / "wheels"
     project_wheel = build_project_wheel(root / "project")
-    constraints = constraints_file()
+    pins = target_constraints(tgt)
     binary, source = wheelhouse_requirements(project_wheel, tgt)
-    key = hashlib.sha256(
-        json.dumps([constraints.read_text(), binary, source, tgt.platform_tags(), tgt.python]).encode()
-    ).hexdigest()
+    key = hashlib.sha256(json.dumps([pins, binary, source, tgt.platform_tags(), tgt.python]).encode()).hexdigest()
     manifest_path = root / "wheelhouse.json"
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
@@ -254,9 +274,12 @@ def prepare_wheelhouse(tgt: Target, cache_dir: Path, log: Log = print) -> Wheelh
     log(f"wheelhouse {wheels}: downloading for {tgt.platform} (python {tgt.python})")
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
+    constraints = root / "constraints.txt"
+    constraints.write_text(pins)
     pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-c", str(constraints), "-d", str(wheels)]
     platform_args = [arg for tag in tgt.platform_tags() for arg in ("--platform", tag)]
-    fix = "check that the package index is reachable and that constraints.txt pins exist for this platform"
+    fix = ("check that the package index is reachable and that constraints.txt pins exist for this platform "
+           "(x86_64's CPU-only torch is on PyTorch's own index: set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)")
     _run(
         [*pip, "--only-binary=:all:", *platform_args, "--python-version", tgt.python, "--implementation", "cp", *binary],
         f"pip download for {tgt.platform}",
@@ -548,7 +571,7 @@ def build(
     if base_image is None and tgt.debootstrap_base and _inspect(base_tag(tgt)):
         base_image = base_tag(tgt)
     wheelhouse = prepare_wheelhouse(tgt, cache_dir, log)
-    pins = pinned_versions(constraints_file())
+    pins = pinned_versions(tgt)
     args = {
         "TENSORFLOW_VERSION": pins.get("tensorflow"),
         "HOROVOD_VERSION": pins.get("horovod"),
@@ -574,7 +597,7 @@ def build(
         else:
             (context / "prebuilt").mkdir()
         shutil.copytree(dockerfile.parent, context / "images")
-        shutil.copy2(constraints_file(), context / "constraints.txt")
+        (context / "constraints.txt").write_text(target_constraints(tgt))
         log(f"building {tag} ({tgt.platform}) from {base_image or 'the Dockerfile default base'}")
         # Streamed (to the console unless ``output`` is given), never held back: a cold build
         # takes minutes and its log is the progress report.

@@ -70,8 +70,9 @@ def test_torch_is_the_pinned_release_in_a_directory_of_its_own():
     builder, runtime = stages()
     (torch,) = [r for r in instructions(builder, "RUN") if "pip install --target" in r]
     assert "pip install --target /opt/edgetrain/torch torch " in torch and "edgetrain-torch.pth" in torch
-    assert images.pinned_versions(images.constraints_file())["torch"] == "1.13.1"  # what the CPU images take from Debian
-    assert images.TARGETS["cuda"].torch == ("torch",) and not images.TARGETS["amd64"].torch
+    # Its own pin, in place of constraints.txt's CPU-only builds for CPU nodes.
+    assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "1.13.1"
+    assert images.pinned_versions(images.TARGETS["amd64"])["torch"].endswith("+cpu") and not images.TARGETS["amd64"].torch
     (check,) = [r for r in instructions(runtime, "RUN") if "edgetrain-image-check" in r]
     assert '--torch "$TORCH_VERSION"' in check and 'org.edgetrain.torch.version="${TORCH_VERSION}"' in runtime
 
@@ -105,7 +106,7 @@ def test_the_cuda_target_builds_from_the_debian_base():
 @pytest.mark.docker
 @pytest.mark.slow
 def test_cuda_image_check_shows_nccl_and_loads_the_cuda_stack(cuda_built):
-    pins = images.pinned_versions(images.constraints_file())
+    pins = images.pinned_versions(images.TARGETS["cuda"])
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", cuda_built.tag, "edgetrain-image-check", "--nccl", "--cuda", gpu.IMAGE_CUDA,
          "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"], "--torch", pins["torch"]],

@@ -79,9 +79,9 @@ def fake_wheel(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("name", "frameworks", "machine_only"),
     [
-        ("arm64", ["tensorflow", "tensorflow-cpu-aws"], ["aarch64-only"]),
-        ("amd64", ["tensorflow-cpu"], []),
-        ("cuda", ["tensorflow[and-cuda]", "torch"], []),  # the CPU images take Debian's torch with apt
+        ("arm64", ["tensorflow", "tensorflow-cpu-aws", "torch"], ["aarch64-only"]),
+        ("amd64", ["tensorflow-cpu", "torch"], []),
+        ("cuda", ["tensorflow[and-cuda]", "torch"], []),  # which torch: the target's constraints say
     ],
 )
 def test_wheelhouse_requirements_follow_the_target(tmp_path, name, frameworks, machine_only):
@@ -130,9 +130,17 @@ def test_unknown_arch_is_a_user_error():
         images.target("riscv64")
 
 
-def test_pinned_versions_reads_constraints(tmp_path):
-    (tmp_path / "c.txt").write_text("# pins\nTensorflow==2.15.1  # comment\nhorovod == 0.28.1\nloose>=1\n")
-    assert images.pinned_versions(tmp_path / "c.txt") == {"tensorflow": "2.15.1", "horovod": "0.28.1"}
+def test_a_target_takes_the_constraints_whose_markers_hold_there(tmp_path, monkeypatch):
+    """Markers are evaluated for the target, not this machine: an arm64 wheelhouse is downloaded on
+    x86_64, where pip would read the x86_64 line."""
+    (tmp_path / "c.txt").write_text("# pins\nTensorflow==2.15.1  # comment\nhorovod == 0.28.1\nloose>=1\n"
+                                    'torch==2.9.1 ; platform_machine == "aarch64"\ntorch==2.13.0+cpu ; platform_machine == "x86_64"\n')
+    monkeypatch.setattr(images, "constraints_file", lambda: tmp_path / "c.txt")
+    assert images.pinned_versions(images.TARGETS["arm64"]) == {"tensorflow": "2.15.1", "horovod": "0.28.1", "torch": "2.9.1"}
+    assert images.pinned_versions(images.TARGETS["amd64"])["torch"] == "2.13.0+cpu"
+    assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "1.13.1"  # its own pin, not the CPU build
+    assert images.target_constraints(images.TARGETS["arm64"]).splitlines() == ["Tensorflow==2.15.1", "horovod==0.28.1", "loose>=1",
+                                                                               "torch==2.9.1"]
 
 
 def test_cuda_library_versions_decode():
