@@ -63,7 +63,8 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = No
     if source and rank == 0:
         ckpt = checkpoints.read(Path(source))
         checkpoints.verify(ckpt)
-        found = [torch.load(Path(source) / STATE, map_location="cpu"), ckpt.epoch]
+        # Tensors and plain containers only, never code from a pickle (torch 2.6's default; 1.13 needs it said).
+        found = [torch.load(Path(source) / STATE, map_location="cpu", weights_only=True), ckpt.epoch]
         print(f"resumed from {source} (epoch {ckpt.epoch})", flush=True)
     if size > 1 and dist.is_initialized():
         dist.broadcast_object_list(found, src=0)  # the other nodes do not hold rank 0's run directory

@@ -52,7 +52,8 @@ def check_probe(np: int = 2) -> Check:
     if not report["allreduce_ok"]:
         raise EdgetrainError(f"mpi4py probe: the allreduce over {np} ranks gave a wrong sum")
     r0 = report["ranks"][0]
-    return Check("mpi4py probe", True, f"{report['size']} ranks, allreduce ok; TF {r0['tensorflow']}, Horovod {r0['horovod']}, {r0['mpi']}")
+    torch = f", torch {r0['torch']}" if r0["torch"] else ""  # the torch strategy's, where the setup installed it
+    return Check("mpi4py probe", True, f"{report['size']} ranks, allreduce ok; TF {r0['tensorflow']}, Horovod {r0['horovod']}{torch}, {r0['mpi']}")
 
 
 def check_dataset(name: str, data_dir: Path | None) -> Callable[[], Check]:

@@ -31,6 +31,9 @@ from edgetrain.shared.strategies import fill_placeholders
 
 JOIN_TIMEOUT_S = 60.0
 LEAVE_TIMEOUT_S = 10.0  # how long rank 0 waits at its end for the others' scripts to end
+# What Hydra gives a rank and torchrun no worker: the node's ranks, which MKL (x86_64's torch) reads
+# as an MPI job's and so trains a node's one rank on one thread, where torchrun's gets every core.
+NOT_FROM_TORCHRUN = ("MPI_LOCALNRANKS", "MPI_LOCALRANKID")
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ _CALLED: list[str] = []  # the backends init_process_group was called with, in t
 # destroy_process_group(), as the model goes with main()'s locals: its reducer destroys the group
 # with the GIL held, joining a Gloo thread that waits for the GIL to free a tensor Python has let
 # go (tests/scripts/torch/ddp_freed_in_main.py hangs so every time; the DDP example 1 run in 4).
+# torch 2.13 ended that script under torchrun in 3 runs of 3; the CUDA image still runs 1.13.1.
 _GROUPS: list[object] = []
 
 

@@ -264,7 +264,7 @@ class Torch(Strategy):
     # destroys the Gloo process group, which joins a worker thread while holding the GIL that thread
     # waits for to free a tensor (2 of 7 runs of a two-rank script hung so here, after its last line).
     # The script's globals outlive it; the groups themselves do too (torch_rank), for a model that
-    # goes with main()'s locals.
+    # goes with main()'s locals. Kept while an image carries 1.13 (the CUDA image's 1.13.1).
     keeps_program = True
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
@@ -290,6 +290,8 @@ class Torch(Strategy):
 
         place, iface = torch_rank.Place.parse(peers)
         os.environ.update(place.environment(iface, os.cpu_count() or 1, os.environ))
+        for name in torch_rank.NOT_FROM_TORCHRUN:
+            os.environ.pop(name, None)
         torch_rank.watch_init()
         torch_rank.join(place)
         return place.arguments(args)
