@@ -202,8 +202,8 @@ def test_what_a_torch_script_made_outlives_it_to_the_ranks_end(tmp_path):
 
 
 def test_a_ddp_model_freed_with_main_does_not_hang_its_rank(tmp_path):
-    """The same deadlock where the model is one of main()'s locals, as in torch's tutorial (the
-    script hangs every time without the groups kept; the DDP example 1 run in 4 here)."""
+    """The same deadlock where the model is one of main()'s locals, as in torch's tutorial (on torch
+    1.13 the script hangs every time without the groups kept, the DDP example 1 run in 4 here)."""
     r = edgetrain("run", str(SCRIPTS / "ddp_freed_in_main.py"), *TORCH, "--hang-timeout", "60", "--runs-dir", str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert only_run(tmp_path).record().status == "completed"

@@ -2,7 +2,7 @@
 called before, and an allreduce in flight whose tensor Python no longer holds. In torch 1.13 the
 model's reducer then holds the Gloo process group's last reference and destroys it with the GIL
 held, joining the Gloo thread that must take the GIL to free that tensor: without edgetrain
-keeping the group alive, this script hangs after its last line, every time."""
+keeping the group alive, this script hangs after its last line, every time (torch 2.13 ends it)."""
 
 import torch
 import torch.distributed as dist
