@@ -122,7 +122,7 @@ def test_multiworker_strategy_trains_across_the_nodes(cluster, report):
 
 
 def test_a_torch_ddp_script_trains_across_the_nodes_in_the_images(cluster, report):
-    """The DDP LeNet example, unchanged, in the nodes' containers (Debian's torch in the image): Gloo
+    """The DDP LeNet example, unchanged, in the nodes' containers (the image's CPU-only torch): Gloo
     between the nodes, rank 0's weights in its working copy, nothing left."""
     run_id, moved = example_across_the_nodes(cluster, "torch_ddp", "--strategy", "torch")
     assert "lenet.pt" in cluster.node_ls("node1", f"{cluster.home}/runs/{run_id}/work")

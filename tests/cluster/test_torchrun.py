@@ -54,8 +54,8 @@ TARGET = os.environ.get("EDGETRAIN_TORCHRUN_TARGET")
 HOLDOUT, BATCH = 6000, 64  # BATCH: the script's own default
 EPOCHS = "2" if TARGET is None else os.environ.get("EDGETRAIN_TORCHRUN_EPOCHS", "6")
 FIRST_STEP = f"epoch 1/{EPOCHS} step 1/"  # rank 0's first progress line begins so
-# torch 1.13 can deadlock as a DDP script returns (docs/cli.md); edgetrain keeps the process groups
-# so it cannot, torchrun does not, and a hung rank there would stall the race for half an hour.
+# torch 1.13 (the CUDA image's) can deadlock as a DDP script returns (docs/cli.md); edgetrain keeps
+# the process groups so it cannot, torchrun does not, and a hung rank would stall the race for half an hour.
 HUNG_AFTER_S = 120
 
 
@@ -130,8 +130,8 @@ def through_horovod(cluster, inventory: str, n: int) -> Timing:
 
 def through_torchrun(cluster, n: int) -> Timing:
     """torchrun on each of the first n nodes, in the image, with the node's network and datasets: what
-    a user types on every node (torch 1.13's torchrun takes its flags with underscores, and needs
-    --redirects/--tee on Python 3.11)."""
+    a user types on every node (flags with underscores, which every torchrun since 1.13 takes, and
+    --redirects/--tee, which 1.13's needed on Python 3.11)."""
     nodes = cluster.bed.state.nodes[:n]
     work = f"{cluster.home}/torchrun-bench"
     for node in nodes:
