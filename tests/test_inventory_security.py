@@ -59,6 +59,15 @@ CASES = {
 }
 
 
+def test_the_preflight_play_takes_no_yaml_true_for_an_interface(tmp_path):
+    """The play read every value as text: true became "True", a name the pattern takes (the CLI
+    refuses a value of the wrong type already)."""
+    ran = Playbook(ROOT, write(tmp_path, edgetrain_iface=True)).run("playbooks/preflight.yml", timeout=300)
+    said = " ".join(ran.output.split())
+    assert ran.returncode != 0, ran.output[-3000:]
+    assert f"preflight: host n2 has edgetrain_iface true; it {IFACE}." in said, ran.output[-3000:]
+
+
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_the_cli_refuses_a_value_that_would_read_as_an_option_or_split_a_field(tmp_path, case):
     key, value, problem = case
