@@ -7,6 +7,7 @@ The captured answers are copied verbatim from the fixtures in the shared fixture
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -165,6 +166,8 @@ def test_version_tuple():
         ("470.42.01", "11.8", True, "minor-version-compatibility"),
         ("450.80.02", "11.8", True, "minor-version-compatibility"),  # the CUDA 11.x floor
         ("450.51.06", "11.8", False, "unsupported"),
+        ("570.26", "12.8", True, "native"),  # the CUDA image's torch (PyPI's 2.9.1, CUDA 12.8)
+        ("550.54.14", "12.8", True, "minor-version-compatibility"),
         ("575.51.03", "13.0", False, "unsupported"),  # a 12.x driver cannot run CUDA 13
         ("580.65.06", "13.0", True, "native"),
     ],
@@ -229,11 +232,18 @@ INSPECT = ("docker", "image", "inspect")
 CONTAINER = ("docker", "run")
 
 
+def labels(tensorflow: str | None = "12.2", torch: str | None = "12.8") -> tuple[int, str, str]:
+    """``docker image inspect --format '{{json .Config.Labels}}'`` of a CUDA image labelled with these CUDA releases."""
+    found = {"org.edgetrain.tensorflow.version": "2.15.1", "org.edgetrain.torch.version": "2.9.1"}
+    found.update({label: cuda for label, cuda in ((gpu.CUDA_LABEL, tensorflow), (gpu.TORCH_CUDA_LABEL, torch)) if cuda})
+    return 0, json.dumps(found) + "\n", ""
+
+
 def h100_node(override: dict | None = None) -> Node:
     answers = {
         ("nvidia-smi",): (0, SMI, ""),
         QUERY: (0, QUERY_NOHEADER, ""),
-        INSPECT: (0, "12.2\n", ""),
+        INSPECT: labels(),
         CONTAINER: (0, SMI_L, ""),
     }
     answers.update(override or {})
@@ -245,13 +255,15 @@ def test_check_node_on_the_captured_h100():
     result = gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
     assert result.driver_version == "580.159.04" and result.cuda_version == "13.0"
     assert [g.uuid for g in result.gpus] == [UUID] and [g.uuid for g in result.container_gpus] == [UUID]
-    assert result.driver.mode == "native" and result.warnings == ()
-    assert result.summary() == "1 x NVIDIA H100 80GB HBM3; driver 580.159.04 (CUDA 13.0); 1 visible in a container"
+    assert [(d.stack, d.image_cuda, d.mode) for d in result.drivers] == [("TensorFlow", "12.2", "native"), ("torch", "12.8", "native")]
+    assert result.warnings == ()
+    assert result.summary() == ("1 x NVIDIA H100 80GB HBM3; driver 580.159.04 (CUDA 13.0) for TensorFlow's CUDA 12.2, "
+                                "torch's CUDA 12.8; 1 visible in a container")
     # The container check asks the node's engine for the image it has, never a registry.
     run = next(c for c in node.calls if c[:2] == ["docker", "run"])
     assert run == ["docker", "run", "--rm", "--gpus", "all", "--pull", "never", "--network", "none",
                    "--entrypoint", "nvidia-smi", IMAGE, "-L"]
-    assert node.calls[2] == ["docker", "image", "inspect", "--format", '{{index .Config.Labels "org.edgetrain.cuda.version"}}', IMAGE]
+    assert node.calls[2] == ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", IMAGE]
 
 
 def test_more_slots_than_gpus():
@@ -298,8 +310,10 @@ def test_driver_too_old_for_the_image():
     node = h100_node({("nvidia-smi",): (0, smi_table("520.61.05", "11.8"), "")})
     with pytest.raises(EdgetrainError) as e:
         gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
-    assert str(e.value) == ("gpu1: NVIDIA driver 520.61.05 is too old for the image's CUDA 12.2 (needs >= 525.60.13; "
-                            ">= 535.54.03 for all of CUDA 12.2) - upgrade the node's NVIDIA driver to >= 535.54.03 (CUDA 12.2 in full)")
+    # Both stacks refuse it; one upgrade serves both: the driver of the newer CUDA, torch's 12.8.
+    assert str(e.value) == ("gpu1: NVIDIA driver 520.61.05 is too old for CUDA 12.2 of the image's TensorFlow (needs >= 525.60.13; "
+                            ">= 535.54.03 for all of CUDA 12.2); driver 520.61.05 is too old for CUDA 12.8 of the image's torch "
+                            "(needs >= 525.60.13; >= 570.26 for all of CUDA 12.8) - upgrade the node's NVIDIA driver to >= 570.26 (CUDA 12.8 in full)")
     # Refused before any container was started.
     assert not any(c[:2] == ["docker", "run"] for c in node.calls)
 
@@ -307,16 +321,45 @@ def test_driver_too_old_for_the_image():
 def test_driver_in_minor_version_compatibility_warns():
     node = h100_node({("nvidia-smi",): (0, smi_table("530.30.02", "12.1"), "")})
     result = gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
-    assert result.driver.mode == "minor-version-compatibility"
-    assert result.warnings == ("gpu1: driver 530.30.02 runs the image's CUDA 12.2 through CUDA minor version compatibility "
-                               "(>= 525.60.13); CUDA 12.2 in full needs >= 535.54.03",)
+    assert [d.mode for d in result.drivers] == ["minor-version-compatibility"] * 2
+    assert result.warnings == ("gpu1: driver 530.30.02 runs CUDA 12.2 of the image's TensorFlow through CUDA minor version compatibility "
+                               "(>= 525.60.13); CUDA 12.2 in full needs >= 535.54.03",
+                               "gpu1: driver 530.30.02 runs CUDA 12.8 of the image's torch through CUDA minor version compatibility "
+                               "(>= 525.60.13); CUDA 12.8 in full needs >= 570.26")
+
+
+def test_a_driver_native_for_tensorflow_warns_for_torchs_newer_cuda_alone():
+    # A CUDA 12.4 driver: TensorFlow's 12.2 in full, torch's 12.8 only through minor version compatibility.
+    node = h100_node({("nvidia-smi",): (0, smi_table("550.54.14", "12.4"), "")})
+    result = gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
+    assert [(d.stack, d.mode) for d in result.drivers] == [("TensorFlow", "native"), ("torch", "minor-version-compatibility")]
+    assert result.warnings == ("gpu1: driver 550.54.14 runs CUDA 12.8 of the image's torch through CUDA minor version compatibility "
+                               "(>= 525.60.13); CUDA 12.8 in full needs >= 570.26",)
 
 
 def test_image_label_decides_the_cuda_version():
     # An image labelled for CUDA 13.0 on a 12.2 driver: refused by the label, not by IMAGE_CUDA.
-    node = h100_node({("nvidia-smi",): (0, smi_table("535.104.05", "12.2"), ""), INSPECT: (0, "13.0\n", "")})
-    with pytest.raises(EdgetrainError, match="too old for the image's CUDA 13.0"):
+    node = h100_node({("nvidia-smi",): (0, smi_table("535.104.05", "12.2"), ""), INSPECT: labels("13.0", None)})
+    with pytest.raises(EdgetrainError, match="too old for CUDA 13.0 of the image's TensorFlow"):
         gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
+
+
+def test_a_driver_that_runs_tensorflow_but_not_torch_is_refused_naming_torch():
+    # A torch built for CUDA 13 (PyPI's 2.13) on a CUDA 12.9 driver: TensorFlow's 12.2 runs, torch's cannot.
+    node = h100_node({("nvidia-smi",): (0, smi_table("575.51.03", "12.9"), ""), INSPECT: labels("12.2", "13.0")})
+    with pytest.raises(EdgetrainError) as e:
+        gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
+    assert str(e.value) == ("gpu1: NVIDIA driver 575.51.03 is too old for CUDA 13.0 of the image's torch (needs >= 580.65.06) - "
+                            "upgrade the node's NVIDIA driver to >= 580.65.06 (CUDA 13.0 in full)")
+    assert not any(c[:2] == ["docker", "run"] for c in node.calls)
+
+
+@pytest.mark.parametrize("answer", [labels(torch=None), (0, "null\n", "")])
+def test_an_image_without_torchs_cuda_label_is_checked_for_tensorflows(answer):
+    # Built before torch's CUDA was labelled, or a site's own image (no labels at all: IMAGE_CUDA).
+    node = h100_node({("nvidia-smi",): (0, smi_table("535.54.03", "12.2"), ""), INSPECT: answer})
+    result = gpu.check_node(node, "gpu1", image=IMAGE, slots=1)
+    assert [(d.stack, d.image_cuda, d.mode) for d in result.drivers] == [("TensorFlow", gpu.IMAGE_CUDA, "native")]
 
 
 def test_image_missing_on_the_node():

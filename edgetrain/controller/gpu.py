@@ -1,4 +1,4 @@
-"""GPU nodes: read ``nvidia-smi``, judge a driver against an image's CUDA, check a node (a rank
+"""GPU nodes: read ``nvidia-smi``, judge a driver against the CUDA of each of an image's stacks, check a node (a rank
 pins its GPU with edgetrain.gpu).
 
 Pure functions: the controller runs the node check over ssh (any ``run(argv) -> CompletedProcess``
@@ -20,6 +20,7 @@ Versions", Linux x86_64; and the CUDA Compatibility guide, "Minor Version Compat
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -32,6 +33,8 @@ from edgetrain.shared.errors import EdgetrainError
 # cuDNN 8.9, NCCL 2.16), also written into the image's label CUDA_LABEL.
 IMAGE_CUDA = "12.2"
 CUDA_LABEL = "org.edgetrain.cuda.version"
+# The CUDA of the image's torch, which brings CUDA libraries of its own (images.Target.torch_cuda).
+TORCH_CUDA_LABEL = "org.edgetrain.torch.cuda"
 # Compute capabilities the image has machine code for (TensorFlow's and Horovod's kernels).
 MIN_COMPUTE_CAPABILITY = (7, 0)
 
@@ -202,6 +205,7 @@ class DriverSupport:
     native_driver: str | None  # the driver the image's CUDA release requires in full
     minimum_driver: str | None  # the lowest driver that runs it at all
     note: str
+    stack: str | None = None  # whose CUDA it is, where an image has more than one: "TensorFlow", "torch"
 
     def __str__(self) -> str:
         return self.note
@@ -214,29 +218,31 @@ def cuda_for_driver(driver_version: str) -> str | None:
     return max(fits, key=version_tuple) if fits else None
 
 
-def check_driver(driver_version: str, image_cuda: str = IMAGE_CUDA, driver_cuda: str | None = None) -> DriverSupport:
+def check_driver(driver_version: str, image_cuda: str = IMAGE_CUDA, driver_cuda: str | None = None,
+                 stack: str | None = None) -> DriverSupport:
     """Does an NVIDIA driver run an image built for CUDA ``image_cuda`` (major.minor)?
 
     ``driver_cuda`` is the "CUDA Version" of the driver's ``nvidia-smi`` banner, when known: a
-    driver newer than this table says so itself.
+    driver newer than this table says so itself. ``stack`` names whose CUDA it is in the note.
     """
     want = version_tuple(image_cuda)[:2]
     cuda = f"{want[0]}.{want[1]}"
+    theirs = f"CUDA {cuda} of the image's {stack}" if stack else f"the image's CUDA {cuda}"
     have = version_tuple(driver_version)
     native = TOOLKIT_DRIVER.get(cuda)
     floor = MINOR_COMPAT_DRIVER.get(want[0])
     supported = driver_cuda if driver_cuda and driver_cuda != "N/A" else cuda_for_driver(driver_version)
     if (native and have >= version_tuple(native)) or (supported and version_tuple(supported)[:2] >= want):
         return DriverSupport(True, "native", driver_version, cuda, native, floor or native,
-                             f"driver {driver_version} supports CUDA {supported or cuda} >= the image's CUDA {cuda}")
+                             f"driver {driver_version} supports CUDA {supported or cuda} >= {theirs}", stack)
     if floor and have >= version_tuple(floor) and (supported is None or version_tuple(supported)[0] == want[0]):
         return DriverSupport(True, "minor-version-compatibility", driver_version, cuda, native, floor,
-                             f"driver {driver_version} runs the image's CUDA {cuda} through CUDA minor version "
-                             f"compatibility (>= {floor}); CUDA {cuda} in full needs >= {native}")
+                             f"driver {driver_version} runs {theirs} through CUDA minor version "
+                             f"compatibility (>= {floor}); CUDA {cuda} in full needs >= {native}", stack)
     need = floor or native
     return DriverSupport(False, "unsupported", driver_version, cuda, native, need,
-                         f"driver {driver_version} is too old for the image's CUDA {cuda} (needs >= {need}"
-                         + (f"; >= {native} for all of CUDA {cuda}" if native and need != native else "") + ")")
+                         f"driver {driver_version} is too old for {theirs} (needs >= {need}"
+                         + (f"; >= {native} for all of CUDA {cuda}" if native and need != native else "") + ")", stack)
 
 
 # --- a GPU node ---------------------------------------------------------------------------------
@@ -249,12 +255,13 @@ class GpuNode:
     cuda_version: str  # newest CUDA the driver supports
     gpus: tuple[Gpu, ...]
     container_gpus: tuple[Gpu, ...]
-    driver: DriverSupport
+    drivers: tuple[DriverSupport, ...]  # the driver against each of the image's CUDA stacks
     warnings: tuple[str, ...] = field(default=())
 
     def summary(self) -> str:
         names = ", ".join(sorted({g.name for g in self.gpus}))
-        return (f"{len(self.gpus)} x {names}; driver {self.driver_version} (CUDA {self.cuda_version}); "
+        stacks = ", ".join(f"{d.stack}'s CUDA {d.image_cuda}" for d in self.drivers)
+        return (f"{len(self.gpus)} x {names}; driver {self.driver_version} (CUDA {self.cuda_version}) for {stacks}; "
                 f"{len(self.container_gpus)} visible in a container")
 
 
@@ -306,16 +313,19 @@ def query_gpus(run: Run, node: str) -> list[Gpu]:
         return gpus_from_query(parse_query(_out(proc), fields))
 
 
-def image_cuda_label(run: Run, node: str, image: str) -> str | None:
-    """The CUDA version the image on the node declares (label CUDA_LABEL), None if it has none."""
-    proc = call(run, ["docker", "image", "inspect", "--format", "{{index .Config.Labels \"" + CUDA_LABEL + "\"}}", image])
+def node_image_labels(run: Run, node: str, image: str) -> dict[str, str]:
+    """The labels of the image on the node (CUDA_LABEL, TORCH_CUDA_LABEL among them); empty if it has none."""
+    proc = call(run, ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image])
     if proc.returncode != 0:
         said = _last_line(proc)
         if "No such" in said:
             raise EdgetrainError(f"{node}: image {image} is not in its Docker engine", "edgetrain images distribute -i INVENTORY")
         raise EdgetrainError(f"{node}: docker image inspect {image} failed: {said}", "check the node's Docker engine (docker info)")
-    value = _out(proc).strip()
-    return value if value and value != "<no value>" else None
+    try:
+        return json.loads(_out(proc)) or {}
+    except json.JSONDecodeError:
+        raise EdgetrainError(f"{node}: docker image inspect {image} answered no labels: {_out(proc).strip()[:200]!r}",
+                             "check the node's Docker engine (docker info)") from None
 
 
 def container_gpus(run: Run, node: str, image: str) -> list[Gpu]:
@@ -345,13 +355,15 @@ def _raise(problem: str, fix: str):
 
 
 def check_node(run: Run, node: str, *, image: str, slots: int, image_cuda: str | None = None,
-               check_container: bool = True) -> GpuNode:
+               torch_cuda: str | None = None, check_container: bool = True) -> GpuNode:
     """Everything a GPU node needs before ranks start on it; the first failure raises EdgetrainError.
 
-    In order: ``nvidia-smi`` answers; the driver supports the image's CUDA (``image_cuda``, else
-    the image's label on the node, else IMAGE_CUDA); every GPU is of a compute capability the
-    image has code for; the GPUs cover the host's ``slots`` (one GPU per rank); a container of
-    ``image`` started with ``--gpus all`` sees as many GPUs as the host.
+    In order: ``nvidia-smi`` answers; the driver supports the CUDA of each of the image's stacks:
+    TensorFlow's (``image_cuda``, else the image's CUDA_LABEL on the node, else IMAGE_CUDA) and
+    torch's (``torch_cuda``, else the image's TORCH_CUDA_LABEL; an image without it, built before
+    torch's CUDA was labelled or a site's own, is checked for TensorFlow's alone); every GPU is of a
+    compute capability the image has code for; the GPUs cover the host's ``slots`` (one GPU per
+    rank); a container of ``image`` started with ``--gpus all`` sees as many GPUs as the host.
     """
     banner = call(run, ["nvidia-smi"])
     if banner.returncode != 0:
@@ -364,14 +376,19 @@ def check_node(run: Run, node: str, *, image: str, slots: int, image_cuda: str |
     if not gpus:
         raise EdgetrainError(f"{node}: nvidia-smi lists no GPU (driver {report.driver_version})",
                              "check that the GPUs are seated and bound to the nvidia driver (lspci -k), or take the host out of the 'gpu' group")
-    if check_container and image_cuda is None:
-        image_cuda = image_cuda_label(run, node, image)
-    image_cuda = image_cuda or IMAGE_CUDA
-    driver = check_driver(report.driver_version, image_cuda, report.cuda_version)
-    if not driver.ok:
-        raise EdgetrainError(f"{node}: NVIDIA {driver.note}",
-                             f"upgrade the node's NVIDIA driver to >= {driver.native_driver or driver.minimum_driver} (CUDA {driver.image_cuda} in full)")
-    warnings = [] if driver.mode == "native" else [f"{node}: {driver.note}"]
+    if check_container and (image_cuda is None or torch_cuda is None):
+        labels = node_image_labels(run, node, image)
+        image_cuda = image_cuda or labels.get(CUDA_LABEL)
+        torch_cuda = torch_cuda or labels.get(TORCH_CUDA_LABEL)
+    stacks = {"TensorFlow": image_cuda or IMAGE_CUDA, **({"torch": torch_cuda} if torch_cuda else {})}
+    drivers = tuple(check_driver(report.driver_version, cuda, report.cuda_version, stack) for stack, cuda in stacks.items())
+    refused = [d for d in drivers if not d.ok]
+    if refused:
+        # One upgrade for every stack: the driver the newest of their CUDA releases needs in full.
+        full = max(drivers, key=lambda d: version_tuple(d.native_driver or d.minimum_driver or "0"))
+        raise EdgetrainError(f"{node}: NVIDIA " + "; ".join(d.note for d in refused),
+                             f"upgrade the node's NVIDIA driver to >= {full.native_driver or full.minimum_driver} (CUDA {full.image_cuda} in full)")
+    warnings = [f"{node}: {d.note}" for d in drivers if d.mode != "native"]
     old = [g for g in gpus if g.compute_cap and version_tuple(g.compute_cap)[:2] < MIN_COMPUTE_CAPABILITY]
     if old:
         need = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
@@ -387,7 +404,7 @@ def check_node(run: Run, node: str, *, image: str, slots: int, image_cuda: str |
         if len(seen) < len(gpus):
             raise EdgetrainError(f"{node}: a container sees {len(seen)} of the host's {len(gpus)} GPUs",
                                  "check the NVIDIA container toolkit's configuration on the node (nvidia-ctk runtime configure --runtime=docker) and NVIDIA_VISIBLE_DEVICES")
-    return GpuNode(node, report.driver_version, report.cuda_version, tuple(gpus), tuple(seen), driver, tuple(warnings))
+    return GpuNode(node, report.driver_version, report.cuda_version, tuple(gpus), tuple(seen), drivers, tuple(warnings))
 
 
 def check_host(nodes, host, image: str | None = None) -> GpuNode:
