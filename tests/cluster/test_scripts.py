@@ -136,9 +136,8 @@ def test_a_torch_run_where_a_nodes_image_lacks_torch_is_refused_naming_it(cluste
     """node3 runs an image built from the session's without torch, labelled so as images were
     before it: preflight reads the labels, so nothing starts."""
     lacking = "edgetrain:test-no-torch"
-    site = "/opt/edgetrain/lib/python3.11/site-packages"
     cluster.docker("node3", "build", "-q", "--network", "none", "-t", lacking, "-",
-                   input=f"FROM {images.TARGETS['amd64'].tag}\nRUN rm {site}/edgetrain-debian-torch.pth\n"
+                   input=f"FROM {images.TARGETS['amd64'].tag}\nRUN pip uninstall -q -y torch\n"
                          f"LABEL {images.PACKAGE_LABEL.format('torch')}=\n")
     try:
         inventory = cluster.docker_inventory("docker-no-torch.yml", host_vars={"node3": {"edgetrain_image": lacking}})
