@@ -80,6 +80,9 @@ class Target:
     debootstrap_base: bool  # a Debian base can be made with `edgetrain images base`
     # The image's own torch pin, in place of constraints.txt's (its lines name CPU nodes by architecture).
     torch: str | None = None
+    # The CUDA that pin's wheel is built for (major.minor): the build checks it and labels the image
+    # with it (TORCH_CUDA_LABEL), and the GPU preflight checks the node's driver against it.
+    torch_cuda: str | None = None
 
     @property
     def platform(self) -> str:
@@ -99,7 +102,10 @@ TARGETS: dict[str, Target] = {
     "amd64": Target("amd64", "Dockerfile.arm64", "amd64", "x86_64", ("tensorflow-cpu",), "3.11", 36, True),
     # The CUDA image builds on the same Debian base as amd64: CUDA, cuDNN and NCCL come as
     # TensorFlow's pip wheels, nvcc (for Horovod's kernels only) from Debian's non-free archive.
-    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True, "torch==1.13.1"),
+    # torch is PyPI's x86_64 wheel, a CUDA 12.8 build with kernels for Volta to Blackwell
+    # (docs/gpu.md says why not 2.13's CUDA 13), with CUDA wheels of its own.
+    "cuda": Target("cuda", "Dockerfile.cuda", "amd64", "x86_64", ("tensorflow[and-cuda]",), "3.11", 36, True,
+                   torch="torch==2.9.1", torch_cuda="12.8"),
 }
 
 
@@ -280,11 +286,14 @@ def prepare_wheelhouse(tgt: Target, cache_dir: Path, log: Log = print) -> Wheelh
     platform_args = [arg for tag in tgt.platform_tags() for arg in ("--platform", tag)]
     fix = ("check that the package index is reachable and that constraints.txt pins exist for this platform "
            "(x86_64's CPU-only torch is on PyTorch's own index: set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)")
-    _run(
-        [*pip, "--only-binary=:all:", *platform_args, "--python-version", tgt.python, "--implementation", "cp", *binary],
-        f"pip download for {tgt.platform}",
-        fix,
-    )
+    # torch is resolved on its own: the CUDA image's torch, in a prefix of its own, needs other
+    # versions of NVIDIA's nvidia-*-cu12 wheels than TensorFlow's, which one resolution cannot hold.
+    for group in ([r for r in binary if r != "torch"], ["torch"]):
+        _run(
+            [*pip, "--only-binary=:all:", *platform_args, "--python-version", tgt.python, "--implementation", "cp", *group],
+            f"pip download for {tgt.platform}",
+            fix,
+        )
     _run([*pip, "--no-deps", "--no-binary=:all:", *source], "pip download of Horovod's source", fix)
     files = {p.name: _sha256(p) for p in sorted(wheels.iterdir())}
     manifest_path.write_text(json.dumps({"key": key, "files": files}, indent=1))
@@ -576,6 +585,7 @@ def build(
         "TENSORFLOW_VERSION": pins.get("tensorflow"),
         "HOROVOD_VERSION": pins.get("horovod"),
         "TORCH_VERSION": pins.get("torch"),
+        "TORCH_CUDA_VERSION": tgt.torch_cuda,
         "EDGETRAIN_VERSION": __version__,
         "GIT_REVISION": git_revision(),
         "BASE_IMAGE": base_image,

@@ -66,15 +66,24 @@ def test_every_python_package_comes_from_the_wheelhouse():
 
 
 def test_torch_is_the_pinned_release_in_a_directory_of_its_own():
-    # Its nvidia-*-cu11 libraries share paths and names with TensorFlow's cu12 ones (libcudnn.so.8).
+    # Its nvidia-*-cu12 wheels are other versions of TensorFlow's, at the same paths (nvidia/nccl/lib/libnccl.so.2).
     builder, runtime = stages()
     (torch,) = [r for r in instructions(builder, "RUN") if "pip install --target" in r]
     assert "pip install --target /opt/edgetrain/torch torch " in torch and "edgetrain-torch.pth" in torch
-    # Its own pin, in place of constraints.txt's CPU-only builds for CPU nodes.
-    assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "1.13.1"
+    # torch's preload of NVRTC and nvJitLink searches its own directory before the venv's (TensorFlow's
+    # 12.2 ones), and the build stops if the line it changes is not there exactly once.
+    assert """[ "$(grep -c '^    for path in sys.path:$' "$init")" = 1 ]""" in torch
+    assert "for path in [os.path.dirname(os.path.dirname(__file__)), *sys.path]:" in torch
+    # Its own pin, in place of constraints.txt's CPU-only builds for CPU nodes: PyPI's CUDA 12.8 build.
+    cuda = images.TARGETS["cuda"]
+    assert (images.pinned_versions(cuda)["torch"], cuda.torch_cuda) == ("2.9.1", "12.8")
     assert images.pinned_versions(images.TARGETS["amd64"])["torch"].endswith("+cpu") and not images.TARGETS["amd64"].torch
     (check,) = [r for r in instructions(runtime, "RUN") if "edgetrain-image-check" in r]
     assert '--torch "$TORCH_VERSION"' in check and 'org.edgetrain.torch.version="${TORCH_VERSION}"' in runtime
+    # The CUDA of torch's build: checked by the build, labelled for the GPU preflight; no default,
+    # so a build without images.build's argument fails its check instead of labelling a guess.
+    assert '--torch-cuda "$TORCH_CUDA_VERSION"' in check and "ARG TORCH_CUDA_VERSION\n" in runtime
+    assert f'{gpu.TORCH_CUDA_LABEL}="${{TORCH_CUDA_VERSION}}"' in runtime
 
 
 def test_runtime_stage_installs_no_compiler():
@@ -106,10 +115,11 @@ def test_the_cuda_target_builds_from_the_debian_base():
 @pytest.mark.docker
 @pytest.mark.slow
 def test_cuda_image_check_shows_nccl_and_loads_the_cuda_stack(cuda_built):
-    pins = images.pinned_versions(images.TARGETS["cuda"])
+    cuda = images.TARGETS["cuda"]
+    pins = images.pinned_versions(cuda)
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", cuda_built.tag, "edgetrain-image-check", "--nccl", "--cuda", gpu.IMAGE_CUDA,
-         "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"], "--torch", pins["torch"]],
+         "--tensorflow", pins["tensorflow"], "--horovod", pins["horovod"], "--torch", pins["torch"], "--torch-cuda", cuda.torch_cuda],
         capture_output=True, text=True, timeout=600,
     )
     print(proc.stdout)
@@ -123,10 +133,18 @@ def test_cuda_image_check_shows_nccl_and_loads_the_cuda_stack(cuda_built):
     site = "/opt/edgetrain/lib/python3.11/site-packages"
     assert f"Horovod TensorFlow ops loaded: CUDA built True, NCCL built True, NCCL from {site}/nvidia/nccl/lib/libnccl.so.2" in lines
     assert any(line.endswith("CUDA kernels: nvcc 11.8, cc 70,75,80,86,89,90") for line in lines)
+    # torch: its own CUDA 12.8 stack, every NVIDIA library from its own prefix, kernels for Hopper and Blackwell.
+    own = "/opt/edgetrain/torch/nvidia"
+    (built,) = [line for line in lines if line.startswith("torch built for CUDA")]
+    assert re.fullmatch(rf"torch built for CUDA 12\.8, cuDNN 9\d+, NCCL 2\.27\.\d+; cuDNN from {own}/cudnn/lib/libcudnn\.so\.9; "
+                        rf"(\d+) of \1 NVIDIA libraries from {own}; GPUs visible to torch: 0", built), built
+    (archs,) = [line.split(": ", 1)[1].split() for line in lines if line.startswith("torch kernels for: ")]
+    assert "sm_90" in archs and {"sm_100", "sm_120"} & set(archs), archs
 
 
 @pytest.mark.cuda
 @pytest.mark.docker
 @pytest.mark.slow
 def test_cuda_image_labels_its_cuda_for_the_preflight(cuda_built):
-    assert images.image_labels(cuda_built.tag)[gpu.CUDA_LABEL] == gpu.IMAGE_CUDA
+    labels = images.image_labels(cuda_built.tag)
+    assert (labels[gpu.CUDA_LABEL], labels[gpu.TORCH_CUDA_LABEL]) == (gpu.IMAGE_CUDA, images.TARGETS["cuda"].torch_cuda)
