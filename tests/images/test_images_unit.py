@@ -138,7 +138,7 @@ def test_a_target_takes_the_constraints_whose_markers_hold_there(tmp_path, monke
     monkeypatch.setattr(images, "constraints_file", lambda: tmp_path / "c.txt")
     assert images.pinned_versions(images.TARGETS["arm64"]) == {"tensorflow": "2.15.1", "horovod": "0.28.1", "torch": "2.9.1"}
     assert images.pinned_versions(images.TARGETS["amd64"])["torch"] == "2.13.0+cpu"
-    assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "1.13.1"  # its own pin, not the CPU build
+    assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "2.9.1"  # its own pin (a CUDA 12.8 build), not the CPU build
     assert images.target_constraints(images.TARGETS["arm64"]).splitlines() == ["Tensorflow==2.15.1", "horovod==0.28.1", "loose>=1",
                                                                                "torch==2.9.1"]
 
