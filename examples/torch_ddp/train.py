@@ -98,11 +98,11 @@ def main():
         p.error("--target-accuracy is judged on held-out images: give --holdout")
 
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)  # one GPU per local rank, as Horovod pins them
+    dist.init_process_group()  # torch 2's default: Gloo for CPU tensors, NCCL for CUDA ones
+    rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     torch.manual_seed(args.seed)
 
