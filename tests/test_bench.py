@@ -8,6 +8,7 @@ import json
 import pytest
 
 from edgetrain.controller import bench, launch
+from edgetrain.controller import config as configs
 from edgetrain.shared import runs
 from edgetrain.shared.strategies import STRATEGIES
 from edgetrain.controller.program import JobOptions, Program
@@ -314,10 +315,10 @@ def test_a_torch_script_is_benched_under_the_torch_strategy(tmp_path):
 @pytest.mark.parametrize("fp16", [False, True])
 def test_the_torch_probe_times_torchs_own_allreduce_between_two_ranks(tmp_path, fp16):
     args = ("--bytes", "400000", *(["--fp16"] if fp16 else []))
-    req = launch.RunRequest(program=Program("allreduce", args, module=STRATEGIES["torch"].probe),
-                            np=2, strategy="torch", runs_dir=tmp_path / "runs", log=lambda line: None)
+    config = configs.resolve(Program("allreduce", args, module=STRATEGIES["torch"].probe),
+                             np=2, strategy="torch", runs_dir=tmp_path / "runs", log=lambda line: None)
     seen: list[dict] = []
-    outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
+    outcome = launch.execute(launch.prepare(config, configs.Attempt.first(config)), seen.append, lambda line: None)
     assert outcome.state is runs.Status.COMPLETED, outcome.why
     [e] = [e for e in seen if e["event"] == "allreduce"]
     assert (e["ranks"], e["bytes"], e["fp16"], e["transport"], e["cycle_seconds"]) == (2, 400_000, fp16, "gloo", 0.0)
@@ -328,10 +329,10 @@ def test_the_torch_probe_times_torchs_own_allreduce_between_two_ranks(tmp_path, 
 
 @pytest.mark.mpi
 def test_horovods_probe_prices_its_cycle_between_allreduces(tmp_path):
-    req = launch.RunRequest(program=Program("allreduce", ("--bytes", "400000"), module=STRATEGIES["horovod"].probe),
-                            np=2, runs_dir=tmp_path / "runs", log=lambda line: None)
+    config = configs.resolve(Program("allreduce", ("--bytes", "400000"), module=STRATEGIES["horovod"].probe),
+                             np=2, runs_dir=tmp_path / "runs", log=lambda line: None)
     seen: list[dict] = []
-    outcome = launch.execute(launch.prepare(req), seen.append, lambda line: None)
+    outcome = launch.execute(launch.prepare(config, configs.Attempt.first(config)), seen.append, lambda line: None)
     assert outcome.state is runs.Status.COMPLETED, outcome.why
     [e] = [e for e in seen if e["event"] == "allreduce"]
     assert (e["ranks"], e["bytes"]) == (2, 400_000) and 0 < e["seconds"] < 10 and e["cpu_seconds"] > 0

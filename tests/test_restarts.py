@@ -1,58 +1,62 @@
 """What follows a failed attempt under --max-restarts, decided from what the attempt saw: the
-next request (which must pass the same checks as the user's), or the line that says why not."""
+next attempt (whose checks pass as the user's did), or the line that says why not."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
-from edgetrain.controller import launch, placement
+from edgetrain.controller import config as configs
+from edgetrain.controller import launch, placement, supervisor
 from edgetrain.controller import program as programs
 from edgetrain.controller.inventory import Inventory
 from edgetrain.shared.job_options import JobOptions
 from edgetrain.shared.runs import Status
+from edgetrain.shared.strategies import STRATEGIES
 
 from .test_containers_unit import host
 
 HOSTS = (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))
 
 
-def attempt(req: launch.RunRequest, lost: str | None = None, back: str | None = None):
-    plan = placement.plan(Inventory(Path("inv"), tuple(h for h in HOSTS if h.name not in req.excluded)), req.np)
+def attempt(config: configs.LaunchConfig, plan: configs.Attempt, lost: str | None = None, back: str | None = None):
+    hosts = placement.plan(Inventory(Path("inv"), tuple(h for h in HOSTS if h.name not in plan.excluded)), plan.np)
     by_name = {h.name: h for h in HOSTS}
     outcome = launch.Outcome(SimpleNamespace(id="r1"), 1, Status.FAILED,
                              lost=(by_name[lost], "unreachable: Connection timed out") if lost else None,
                              back=by_name[back] if back else None)
-    return SimpleNamespace(request=req, placement=plan, run=SimpleNamespace(id="r1")), outcome
+    return SimpleNamespace(config=config, attempt=plan, placement=hosts, run=SimpleNamespace(id="r1")), outcome
 
 
-def request(**kw) -> launch.RunRequest:
-    return launch.RunRequest(program=programs.resolve("lenet", [], JobOptions()), np=3, inventory=Path("inv"), **kw)
+def config(**kw) -> configs.LaunchConfig:
+    return configs.resolve(programs.resolve("lenet", [], JobOptions()), np=3, inventory=Path("inv"),
+                           restarts=configs.RestartPolicy(**kw))
 
 
 def test_a_lost_node_is_left_out_until_the_restarts_asked_for_are_used():
-    first = request(max_restarts=1, rejoin=True)
-    nxt = launch.restart_after(*attempt(first, lost="node3"))
-    assert nxt.request.np == 2 and nxt.request.excluded == {"node3": "unreachable: Connection timed out"}
-    assert nxt.request.resume == "r1" and "restarting on node1, node2 with 2 ranks" in nxt.said and "(0 restart(s) left)" in nxt.said
-    launch._check_request(nxt.request)  # the next attempt's checks pass: the request is still what the user asked
-    last = launch.restart_after(*attempt(nxt.request, lost="node2"))
-    assert last.request is None and "the 1 restart(s) of --max-restarts are used" in last.said
+    first = config(max_restarts=1, rejoin=True)
+    nxt = supervisor.restart_after(*attempt(first, configs.Attempt.first(first), lost="node3"))
+    assert nxt.attempt.np == 2 and dict(nxt.attempt.excluded) == {"node3": "unreachable: Connection timed out"}
+    assert nxt.attempt.resume == "r1" and "restarting on node1, node2 with 2 ranks" in nxt.said and "(0 restart(s) left)" in nxt.said
+    assert first.np == 3  # what the user asked stays as asked
+    last = supervisor.restart_after(*attempt(first, nxt.attempt, lost="node2"))
+    assert last.attempt is None and "the 1 restart(s) of --max-restarts are used" in last.said
 
 
 def test_a_node_back_is_taken_back_with_its_ranks():
-    shrunk = launch.restart_after(*attempt(request(max_restarts=1, rejoin=True), lost="node3")).request
-    back = launch.restart_after(*attempt(shrunk, back="node3"))
-    assert back.request.np == 3 and back.request.excluded == {} and "node3 answers again; restarting on 3 nodes" in back.said
-    launch._check_request(back.request)
+    first = config(max_restarts=1, rejoin=True)
+    shrunk = supervisor.restart_after(*attempt(first, configs.Attempt.first(first), lost="node3")).attempt
+    back = supervisor.restart_after(*attempt(first, shrunk, back="node3"))
+    assert back.attempt.np == 3 and dict(back.attempt.excluded) == {} and "node3 answers again; restarting on 3 nodes" in back.said
 
 
 def test_what_is_never_restarted():
-    req = request(max_restarts=2)
-    assert launch.restart_after(*attempt(request(), lost="node3")) is None  # no restart asked for
-    assert "no node was lost" in launch.restart_after(*attempt(req)).said
-    assert "node1 was lost, and it holds rank 0" in launch.restart_after(*attempt(req, lost="node1")).said
-    assert "fewer than --min-nodes 3" in launch.restart_after(*attempt(request(max_restarts=2, min_nodes=3), lost="node2")).said
+    cfg = config(max_restarts=2)
+    first = configs.Attempt.first(cfg)
+    assert supervisor.restart_after(*attempt(config(), first, lost="node3")) is None  # no restart asked for
+    assert "no node was lost" in supervisor.restart_after(*attempt(cfg, first)).said
+    assert "node1 was lost, and it holds rank 0" in supervisor.restart_after(*attempt(cfg, first, lost="node1")).said
+    assert "fewer than --min-nodes 3" in supervisor.restart_after(*attempt(config(max_restarts=2, min_nodes=3), first, lost="node2")).said
 
 
 def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_parameter_server():
@@ -67,9 +71,8 @@ def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_param
     runtime = SimpleNamespace(states=lambda: [SimpleNamespace(host=h, alive=h.name not in dead, detail="container gone" if h.name in dead else "")
                                               for h in hosts],
                               lose=lost_hosts.append, stop=lambda: stopped.append(True))
-    req = SimpleNamespace(strategy="tf-ps", ps=1, rejoin=False, excluded={}, log=said.append)
-    req.expendable = lambda rank: launch.RunRequest.expendable(req, rank)
-    fake = SimpleNamespace(request=req, placement=plan, runtime=runtime)
+    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), strategy=STRATEGIES["tf-ps"], ps=1, log=said.append)
+    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, runtime=runtime)
     fake.losable = launch.Launch.losable.fget(fake)
     assert fake.losable == {"node3": "worker 0 (rank 2)", "node4": "worker 1 (rank 3)"}
     watch = launch._Watch(fake, hang_timeout=300)

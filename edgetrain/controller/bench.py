@@ -42,7 +42,9 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from edgetrain.controller import inventory, launch, overlap, placement, plots
+from edgetrain.controller import config as configs
+from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
+from edgetrain.controller.config import Attempt
 from edgetrain.shared import jobs, runs, strategies
 from edgetrain.shared.strategies import DEFAULT, STRATEGIES
 from edgetrain.controller import program as programs
@@ -73,6 +75,9 @@ class BenchRequest:
     command: list[str] = field(default_factory=list)
     log: Callable[[str], None] = print
     reference: Reference = Reference.ALONE
+    tf_port: int = configs.PORT_FLAGS["tf_port"]
+    master_port: int = configs.PORT_FLAGS["master_port"]
+    restarts: configs.RestartPolicy = configs.RestartPolicy()  # a training run's, as `run` takes them (the probes keep no checkpoints)
 
 
 @dataclass
@@ -118,6 +123,9 @@ class Trial:
     beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
     busy_cores: float | None = None  # the CPU its training kept busy on each node (busy_cores_of)
     seed: int | None = None  # a built-in job's: the same at every N in one try
+    # Nodes a restart left out (--max-restarts): the run ended on fewer than ``nodes``, so its
+    # figures stand for no N and are left out of the medians.
+    lost: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -301,6 +309,11 @@ class Bench:
             raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
         self.gradient = req.gradient_bytes or gradient_bytes(model)
         self.gradients = overlap.schedule(model) if model is not None else None
+        # Every run of the bench is this config with its own program and N (one rank per node).
+        self.config = configs.resolve(self.program, strategy=req.strategy, tf_port=req.tf_port, master_port=req.master_port,
+                                      restarts=req.restarts, inventory=req.inventory, group=req.group, per_node=1,
+                                      runs_dir=req.runs_dir, command=tuple(req.command), log=lambda line: None)
+        self.lost: dict[str, str] = {}  # nodes restarts left out: later runs go without them
         self.root = runs.ensure_writable(req.runs_dir)
         self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
@@ -310,13 +323,15 @@ class Bench:
         self.started = time.monotonic()
 
     # -- one launch ---------------------------------------------------------------------------
-    def _launch(self, program: Program, n: int, what: str, on: str | None = None) -> tuple[runs.Run, launch.Outcome, list[dict]]:
-        """One run on the first ``n`` hosts, or on host ``on`` alone."""
+    def _launch(self, program: Program, n: int, what: str, on: str | None = None) -> tuple[runs.Run, launch.Outcome, list[dict], dict[str, str]]:
+        """One run on the first ``n`` hosts left, or on host ``on`` alone, under the supervisor (a
+        lost node restarts a training run as it would `edgetrain run`'s): the run, how it ended,
+        its events, and the nodes its restarts left out."""
         seen: list[dict] = []
         others = {h.name: f"bench: a one-node run on {on}" for h in self.hosts if on is not None and h.name != on}
-        req = launch.RunRequest(program=program, np=n, inventory=self.req.inventory, group=self.req.group, per_node=1,
-                                strategy=self.req.strategy, runs_dir=self.req.runs_dir, command=[*self.req.command, f"# {what}"],
-                                excluded=others, log=lambda line: None)
+        restarts = self.config.restarts if program.keeps_checkpoints else configs.RestartPolicy()
+        config = replace(self.config, program=program, np=n, restarts=restarts, command=(*self.config.command, f"# {what}"))
+        configs.check(config)
 
         def on_event(e: dict) -> None:
             seen.append(e)
@@ -325,17 +340,20 @@ class Bench:
                 ips = f", {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
                 self.req.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
 
-        started = launch.prepare(req)
-        outcome = launch.execute(started, on_event, lambda line: None)
+        first = Attempt.first(config, excluded={**others, **self.lost})
+        started, outcome = supervisor.supervise(config, lambda one: launch.execute(one, on_event, lambda line: None),
+                                                lambda said: self.req.log(f"  {what}: {said}"), first)
         if outcome.state is runs.Status.INTERRUPTED:  # the user's stop ends the bench, not only this run
             raise Interrupted(f"bench {self.dir.name} interrupted during run {started.run.id}",
                               f"what it measured before is in {self.dir / 'bench.json'}")
-        return started.run, outcome, seen
+        lost = {k: v for k, v in started.attempt.excluded.items() if k not in first.excluded}
+        self.lost.update(lost)
+        return started.run, outcome, seen, lost
 
     def measure_allreduce(self, n: int, nbytes: int) -> Allreduce:
         args = ["--bytes", str(nbytes)] + (["--fp16"] if self.fp16 else [])
         probe = Program("allreduce", tuple(args), module=self.strategy.probe)
-        run, outcome, seen = self._launch(probe, n, f"allreduce on {n} nodes")
+        run, outcome, seen, _ = self._launch(probe, n, f"allreduce on {n} nodes")
         found = [e for e in seen if e["event"] == "allreduce"]
         if outcome.state is not runs.Status.COMPLETED or not found:
             why = outcome.why if outcome.state is not runs.Status.COMPLETED else "it reported no allreduce"
@@ -375,7 +393,7 @@ class Bench:
 
     def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0) -> Trial:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
-        run, outcome, _ = self._launch(self.program_for(n, attempt), n, what, on)
+        run, outcome, _, lost = self._launch(self.program_for(n, attempt), n, what, on)
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
@@ -390,13 +408,13 @@ class Bench:
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
                      launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
-                     self._seed(attempt))
+                     self._seed(attempt), lost)
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
         waits on its processes, so they overlap; daemons, so an interrupted bench does not wait for
         them, and their containers end themselves once the controller is gone)."""
-        hosts = [h.name for h in self.hosts[:n]]
+        hosts = [h.name for h in self.left[:n]]
         done: dict[str, Trial | Exception] = {}
 
         def one(host: str) -> None:
@@ -431,6 +449,9 @@ class Bench:
             self.save()
         for attempt in range(1, req.repeat + 1):
             for n in self.nodes:
+                if n > len(self.left):
+                    log(f"(c) {n} nodes, try {attempt}: skipped, {len(self.left)} left after losing {', '.join(self.lost)}")
+                    continue
                 if n > 1 and not self.predicted and 1 in self.nodes:
                     self._predict()
                 trial = self.train(n, attempt)
@@ -443,7 +464,7 @@ class Bench:
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
-                                    for host, t in zip(self.hosts, alongside)))
+                                    for host, t in zip(self.left, alongside)))
                     self.save()
         points = self.points()
         body = self.save(points)
@@ -456,8 +477,13 @@ class Bench:
             log(f"edgetrain: warning: no plot: {exc.problem} ({exc.fix})")
         return points
 
+    @property
+    def left(self) -> list[inventory.Host]:
+        """The hosts no restart has left out."""
+        return [h for h in self.hosts if h.name not in self.lost]
+
     def _trials(self, n: int, beside: int = 0) -> list[Trial]:
-        return [t for t in self.trials if t.nodes == n and t.beside == beside]
+        return [t for t in self.trials if t.nodes == n and t.beside == beside and not t.lost]
 
     def reference(self, n: int) -> float | None:
         """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""

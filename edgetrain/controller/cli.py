@@ -20,7 +20,8 @@ from edgetrain.controller import bench as benching
 from edgetrain.controller import collect as collecting
 from edgetrain.controller import containers, shipping
 from edgetrain.shared import datasets, runs
-from edgetrain.controller import launch
+from edgetrain.controller import config as configs
+from edgetrain.controller import launch, supervisor
 from edgetrain.controller import program as programs
 from edgetrain.controller import requirements as extra
 from edgetrain.shared import workdir as workdir_mod
@@ -31,7 +32,7 @@ from edgetrain.controller import plots
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, TfParameterServer, Torch
+from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfParameterServer
 from edgetrain.shared.terminal import shown
 from edgetrain.controller.remote import Nodes
 
@@ -50,6 +51,10 @@ RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS",
 GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
 StrategyOpt = Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")]
 DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+TfPortOpt = Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")]
+MasterPortOpt = Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")]
+MaxRestartsOpt = Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")]
+MinNodesOpt = Annotated[int, typer.Option(help="With --max-restarts: never restart on fewer nodes than this.")]
 
 
 def _say(line: str) -> None:
@@ -71,9 +76,9 @@ def run(
     group: GroupOpt = None,
     runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
     strategy: StrategyOpt = DEFAULT,
-    tf_port: Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")] = TfMultiWorker.default_port,
+    tf_port: TfPortOpt = configs.PORT_FLAGS["tf_port"],
     ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
-    master_port: Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")] = Torch.default_port,
+    master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
     workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
     max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
     max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
@@ -82,8 +87,8 @@ def run(
     dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
     hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
-    max_restarts: Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")] = 0,
-    min_nodes: Annotated[int, typer.Option(help="With --max-restarts: never restart on fewer nodes than this.")] = 1,
+    max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
+    min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
     runs_dir: RunsDirOpt = Path("runs"),
     data_dir: DataDirOpt = None,
@@ -91,31 +96,23 @@ def run(
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
-    req = launch.RunRequest(program=program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy,
-                            tf_port=tf_port, master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                            max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets, max_restarts=max_restarts, min_nodes=min_nodes, rejoin=rejoin,
-                            log=_say)
+    config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
+                             master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                             max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
+                             restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say)
     # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    while True:
-        started, outcome = _attempt(req)
-        restart = launch.restart_after(started, outcome)
-        if restart is not None:
-            err_console.print(shown(restart.said), highlight=False, soft_wrap=True)
-        if restart is None or restart.request is None:
-            break
-        req = restart.request
-    _report(started, outcome)
+    _report(*supervisor.supervise(config, _attempt, lambda said: err_console.print(shown(said), highlight=False, soft_wrap=True)))
 
 
-def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
-    """One start of the run: checks, what the console says before training, the training."""
-    started = launch.prepare(req)
+def _attempt(started: launch.Launch) -> launch.Outcome:
+    """One start of the run, prepared: what the console says before training, the training."""
+    config = started.config
     if started.placement.oversubscribed:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
-    scaled = benching.latest(req.runs_dir, req.program.name, req.inventory)
+    scaled = benching.latest(config.runs_dir, config.program.name, config.inventory)
     advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
     if advice:
         _warn(advice)
@@ -132,7 +129,7 @@ def _attempt(req: launch.RunRequest) -> tuple[launch.Launch, launch.Outcome]:
         outcome = launch.execute(started, bar.event, _say)
     for problem in outcome.cleanup_errors:
         _warn(problem)
-    return started, outcome
+    return outcome
 
 
 def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
@@ -168,6 +165,9 @@ def bench(
     gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
     reference: Annotated[benching.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = benching.Reference.ALONE,
+    master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
+    max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
+    min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     runs_dir: RunsDirOpt = Path("runs"),
     options: JobOptions = JobOptions(),
 ) -> None:
@@ -176,7 +176,8 @@ def bench(
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
                                 int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
-                                log=_say, reference=reference)
+                                log=_say, reference=reference, master_port=master_port,
+                                restarts=configs.RestartPolicy(max_restarts, min_nodes))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     b = benching.Bench(req)

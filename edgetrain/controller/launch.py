@@ -24,54 +24,19 @@ from pathlib import Path
 
 from edgetrain import __version__
 from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, strategies, workdir
+from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
+from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, Torch
-
-
-@dataclass
-class RunRequest:
-    """What the user asked for, before anything is resolved."""
-
-    program: Program
-    np: int = 1
-    inventory: Path | None = None
-    group: str | None = None
-    per_node: int | None = None  # ranks per host at most (bench: one per node); None: the inventory's slots
-    runtime: str | None = None  # None: the inventory's edgetrain_runtime
-    strategy: str = DEFAULT
-    tf_port: int = TfMultiWorker.default_port
-    master_port: int = Torch.default_port  # torch's MASTER_PORT on rank 0's host
-    ps: int | None = None  # tf-ps: parameter servers (None: the strategy's default)
-    runs_dir: Path = field(default_factory=runs.default_root)
-    data_dir: Path | None = None
-    resume: str | None = None
-    hang_timeout: float = 300.0
-    max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
-    max_workdir_files: int = workdir.DEFAULT_MAX_FILES
-    max_restarts: int = 0  # restarts on the nodes left after a node is lost
-    restarts_done: int = 0  # of them, by this command so far
-    min_nodes: int = 1  # never restart on fewer nodes than this
-    rejoin: bool = False  # take a left-out node back at the first epoch after it answers again
-    excluded: dict[str, str] = field(default_factory=dict)  # node -> why it was left out (a restart's)
-    np_asked: int | None = None  # the --np asked for, once a restart has changed np
-    ship_secrets: bool = False  # ship what workdir.SECRETS would leave out
-    command: list[str] = field(default_factory=lambda: ["edgetrain", *sys.argv[1:]])
-    log: Callable[[str], None] = print
-
-    def expendable(self, rank: int) -> bool:
-        """Whether the run goes on without ``rank`` (its strategy's can_lose)."""
-        return STRATEGIES[self.strategy].can_lose(rank, self.ps) is not None
 
 
 @dataclass
 class Launch:
     """One resolved launch: what runs, where, how, and the command that starts it."""
 
-    request: RunRequest
-    program: Program
+    config: LaunchConfig
+    attempt: Attempt
     placement: placement.Placement
     runtime: runtimes.Runtime
     run: runs.Run
@@ -86,16 +51,16 @@ class Launch:
     def losable(self) -> dict[str, str]:
         """The hosts this run goes on without (placement.losable_hosts), each with what it loses there."""
         found = {}
-        for host in self.placement.losable_hosts(self.request.expendable):
+        for host in self.placement.losable_hosts(self.config.expendable):
             ranks = self.placement.ranks_on(host)
-            lost = ", ".join(str(STRATEGIES[self.request.strategy].can_lose(r, self.request.ps)) for r in ranks)
+            lost = ", ".join(str(self.config.strategy.can_lose(r, self.config.ps)) for r in ranks)
             found[host.name] = f"{lost} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
         return found
 
     @property
     def resume_command(self) -> str:
         """The command that continues this run: the user's own, with ``--resume RUN``."""
-        return _with_resume(self.request.command, self.run.id)
+        return _with_resume(list(self.config.command), self.run.id)
 
 
 # Horovod's warning while some ranks wait in a collective that others have not reached.
@@ -128,53 +93,8 @@ class Outcome:
         return f"mpirun exited with {self.returncode}"
 
 
-@dataclass(frozen=True)
-class Restart:
-    """What follows a failed attempt under --max-restarts: the next request (None: no restart)
-    and the line that says why."""
-
-    request: RunRequest | None
-    said: str
-
-
-def _taken_back(req: RunRequest, run: runs.Run, host: inventory.Host) -> RunRequest:
-    """The request that resumes ``run`` with ``host`` back: the ranks it can take, up to the --np
-    first asked for."""
-    excluded = {k: v for k, v in req.excluded.items() if k != host.name}
-    np = min(req.np + host.slots, req.np_asked or req.np)
-    return replace(req, resume=run.id, np=np, excluded=excluded)
-
-
-def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
-    """A lost node is left out and the run resumes on the nodes left, from its newest intact
-    checkpoint, while restarts and nodes remain; a rank's own failure is never retried (it would
-    fail the same way). None where no restart was asked for, or the run did not fail."""
-    req, plan = launch.request, launch.placement
-    if req.max_restarts == 0 or outcome.state is not Status.FAILED:
-        return None
-    if outcome.back is not None:
-        nxt = _taken_back(req, launch.run, outcome.back)
-        return Restart(nxt, f"edgetrain: {outcome.back.name} answers again; restarting on {len(plan.hosts) + 1} nodes with "
-                            f"{nxt.np} ranks from the newest intact checkpoint")
-    if outcome.lost is None:
-        return Restart(None, "edgetrain: no restart: no node was lost (a rank's own failure would happen again)")
-    host, how = outcome.lost
-    left = [h for h in plan.hosts if h.name != host.name]
-    if host.name == plan.head.name:
-        return Restart(None, f"edgetrain: no restart: {host.name} was lost, and it holds rank 0 and the run's checkpoints")
-    if len(left) < req.min_nodes:
-        return Restart(None, f"edgetrain: no restart: {len(left)} node(s) left after {host.name}, fewer than --min-nodes {req.min_nodes}")
-    if req.restarts_done >= req.max_restarts:
-        return Restart(None, f"edgetrain: no restart: {host.name} lost, and the {req.max_restarts} restart(s) of --max-restarts are used")
-    np = req.np - len(plan.ranks_on(host))
-    nxt = replace(req, resume=launch.run.id, np=np, np_asked=req.np_asked or req.np, restarts_done=req.restarts_done + 1,
-                  excluded={**req.excluded, host.name: how})
-    return Restart(nxt, f"edgetrain: {host.name} lost ({how}); restarting on {', '.join(h.name for h in left)} with {np} ranks "
-                        f"from the newest intact checkpoint ({req.max_restarts - nxt.restarts_done} restart(s) left)")
-
-
-def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placement) -> runtimes.Runtime:
-    name = req.runtime
+def _runtime(config: LaunchConfig, inv: inventory.Inventory, plan: placement.Placement) -> runtimes.Runtime:
+    name = config.runtime
     if name is None:
         found = {h.runtime for h in plan.hosts}
         if len(found) > 1:
@@ -182,38 +102,14 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, needs=STRATEGIES[req.strategy].needs,
-                                           log=req.log)
+    return runtimes.RUNTIMES[name].checked(plan, inv, config.program, data_dir=config.data_dir, needs=config.strategy.needs,
+                                           log=config.log)
 
 
-def _check_request(req: RunRequest) -> None:
-    if not req.hang_timeout > 0 or req.hang_timeout == float("inf"):
-        raise UsageError(f"--hang-timeout {req.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
-    if not strategies.named(req.strategy).builtin_jobs and req.program.job is not None:
-        raise UsageError(f"the built-in job {req.program.name} trains with {DEFAULT}", "drop --strategy, or run your own script")
-    for flag, port in (("--tf-port", req.tf_port), ("--master-port", req.master_port)):
-        if not 1024 <= port <= 65000:
-            raise UsageError(f"{flag} {port} must be between 1024 and 65000")
-    if req.program.is_script:
-        STRATEGIES[req.strategy].check_args(req.program.args)
-    STRATEGIES[req.strategy].check_tasks(req.np, req.ps)
-    if req.max_restarts < 0:
-        raise UsageError(f"--max-restarts {req.max_restarts} is not a number of restarts", "use 0 (the default: none) or more")
-    if req.min_nodes < 1:
-        raise UsageError(f"--min-nodes {req.min_nodes} is not a number of nodes", "use 1 or more")
-    if req.rejoin and not req.max_restarts:
-        raise UsageError("--rejoin takes back a node a restart left out, and no restart was asked for", "add --max-restarts K")
-    if req.min_nodes > 1 and not req.max_restarts:
-        raise UsageError(f"--min-nodes {req.min_nodes} limits restarts, and no restart was asked for",
-                         "add --max-restarts K, or drop --min-nodes")
-    if req.max_restarts and not req.program.keeps_checkpoints:
-        raise UsageError(f"--max-restarts: {req.program.script} keeps no edgetrain checkpoints, so a restart could not resume it",
-                         "use edgetrain.callbacks (Keras) or edgetrain.ddp (torch) in it, or drop --max-restarts")
-
-
-def _check_restarts(req: RunRequest, plan: placement.Placement) -> None:
-    if req.max_restarts and req.min_nodes > len(plan.hosts):
-        raise UsageError(f"--min-nodes {req.min_nodes} is more than the {len(plan.hosts)} nodes --np {req.np} is placed on",
+def _check_restarts(config: LaunchConfig, plan: placement.Placement) -> None:
+    policy = config.restarts
+    if policy.max_restarts and policy.min_nodes > len(plan.hosts):
+        raise UsageError(f"--min-nodes {policy.min_nodes} is more than the {len(plan.hosts)} nodes --np {plan.np} is placed on",
                          f"use --min-nodes {len(plan.hosts)} or less")
 
 
@@ -294,36 +190,34 @@ def command_of(run: runs.Run, job: str) -> str:
     return _with_resume(run.record().command or ["edgetrain", "run", job], run.id)
 
 
-def prepare(req: RunRequest) -> Launch:
+def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
     """Every check that can fail before anything starts, then the run directory, the staged
     working directory, the containers (docker runtime) and the command."""
     started = time.monotonic()
-    _check_request(req)
-    program = req.program
-    inv = inventory.load(req.inventory)
-    inv = replace(inv, hosts=tuple(h for h in inv.hosts if h.name not in req.excluded))
-    plan = placement.plan(inv, req.np, req.group, req.per_node)
-    _check_restarts(req, plan)
-    program.check_ranks(req.np)
-    manifest = workdir.scan(program.workdir, req.max_workdir_bytes, req.ship_secrets, req.max_workdir_files) if program.workdir is not None else None
-    if req.resume:
+    program = config.program
+    inv = inventory.load(config.inventory)
+    inv = replace(inv, hosts=tuple(h for h in inv.hosts if h.name not in attempt.excluded))
+    plan = placement.plan(inv, attempt.np, config.group, config.per_node)
+    _check_restarts(config, plan)
+    program.check_ranks(attempt.np)
+    manifest = (workdir.scan(program.workdir, config.max_workdir_bytes, config.ship_secrets, config.max_workdir_files)
+                if program.workdir is not None else None)
+    if attempt.resume:
         # Before the node checks, which would take the live run's own containers for leftovers.
-        runs.find(runs.ensure_writable(req.runs_dir), req.resume).refuse_if_live()
-    rt = _runtime(req, inv, plan)
+        runs.find(runs.ensure_writable(config.runs_dir), attempt.resume).refuse_if_live()
+    rt = _runtime(config, inv, plan)
     created: runs.Run | None = None
     lock: runs.RunLock | None = None
     try:
-        strategy = STRATEGIES[req.strategy]
-        base_port = getattr(req, strategy.port_option) if strategy.port_option else 0
-        rt.check_ports(strategy.ports(plan, base_port), strategy)
-        root = runs.ensure_writable(req.runs_dir)
+        rt.check_ports(config.strategy.ports(plan, config.port), config.strategy)
+        root = runs.ensure_writable(config.runs_dir)
         resumed_epoch = None
-        if req.resume:
-            run = runs.find(root, req.resume)
+        if attempt.resume:
+            run = runs.find(root, attempt.resume)
             ran = run.record().job
             if ran != program.name:
                 raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
-            resumed_epoch = _resume_point(rt, run, program, req.np, req.log)
+            resumed_epoch = _resume_point(rt, run, program, attempt.np, config.log)
             lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
         else:
             run = created = runs.create(root, program.name)
@@ -331,35 +225,33 @@ def prepare(req: RunRequest) -> Launch:
         rt.stage(run, manifest)
         runs.write_anew(run.machinefile, plan.machinefile().encode())
         token = progress.new_token()
-        worker = _worker_command(req, rt, run, plan, resumed_epoch, token)
+        worker = _worker_command(config, rt, run, plan, resumed_epoch, token)
         try:
             rt.start(run)
         except EdgetrainError as exc:
             run.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
-        argv = rt.mpirun(run, worker, req.expendable, token)
-        launch = Launch(req, program, plan, rt, run, argv, manifest, resumed_epoch, lock, token, started)
+        argv = rt.mpirun(run, worker, config.expendable, token)
+        launch = Launch(config, attempt, plan, rt, run, argv, manifest, resumed_epoch, lock, token, started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
-        _undo(req, rt, created, lock, exc)
+        _undo(config, rt, created, lock, exc)
         raise
 
 
-def _worker_command(req: RunRequest, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
+def _worker_command(config: LaunchConfig, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
                     resumed_epoch: int | None, token: str) -> list[str]:
     """``edgetrain.rank.worker``'s command line, the same for every rank."""
-    strategy = STRATEGIES[req.strategy]
-    base_port = getattr(req, strategy.port_option) if strategy.port_option else 0
     worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
-              "--data", rt.data_dir(run), "--strategy", req.strategy, "--job-name", req.program.name, "--events-token", token]
-    worker += strategy.worker_args(plan, base_port, req.ps)
+              "--data", rt.data_dir(run), "--strategy", config.strategy.name, "--job-name", config.program.name, "--events-token", token]
+    worker += config.strategy.worker_args(plan, config.port, config.ps)
     if resumed_epoch is not None:
         worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
-    return worker + req.program.worker_args()
+    return worker + config.program.worker_args()
 
 
-def _undo(req: RunRequest, rt: runtimes.Runtime, created: runs.Run | None, lock: runs.RunLock | None, exc: BaseException) -> None:
+def _undo(config: LaunchConfig, rt: runtimes.Runtime, created: runs.Run | None, lock: runs.RunLock | None, exc: BaseException) -> None:
     """What a launch that failed before it started leaves: the runtime stopped, the lock released,
     and a new run's directory gone, unless it got as far as its containers. A failure to write
     this machine's files (a full disk, most likely) is raised as one line."""
@@ -370,18 +262,18 @@ def _undo(req: RunRequest, rt: runtimes.Runtime, created: runs.Run | None, lock:
     if created is not None and not (isinstance(exc, EdgetrainError) and created.info_file.exists()):
         shutil.rmtree(created.path, ignore_errors=True)
     if isinstance(exc, OSError):
-        raise EdgetrainError(f"cannot write {exc.filename or req.runs_dir}: {exc.strerror or exc}",
-                             f"free disk space on this machine ({req.runs_dir})") from None
+        raise EdgetrainError(f"cannot write {exc.filename or config.runs_dir}: {exc.strerror or exc}",
+                             f"free disk space on this machine ({config.runs_dir})") from None
 
 
 def _record(launch: Launch, inv: inventory.Inventory) -> None:
-    req, run, rt, program = launch.request, launch.run, launch.runtime, launch.program
-    attempt = record.Attempt(started=record.now(), command=req.command, np=req.np, mpirun=launch.argv,
+    config, now, run, rt, program = launch.config, launch.attempt, launch.run, launch.runtime, launch.config.program
+    attempt = record.Attempt(started=record.now(), command=list(config.command), np=now.np, mpirun=launch.argv,
                              resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped],
-                             excluded=dict(req.excluded))
-    previous = run.record().attempts if req.resume else []
+                             excluded=dict(now.excluded))
+    previous = run.record().attempts if now.resume else []
     recorded = rt.record(run)
-    where = record.Where(np=req.np, runtime=rt.name, strategy=req.strategy, inventory=str(inv.source),
+    where = record.Where(np=now.np, runtime=rt.name, strategy=config.strategy.name, inventory=str(inv.source),
                          hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,
                          nodes=recorded.get("nodes"))
     shipped = record.ProgramRecord(args=list(program.args))
@@ -444,7 +336,7 @@ class _Watch(threading.Thread):
         self.failure = (host, why)
         if host is not None:
             # Said at once: ending the attempt (and any restart) takes a while.
-            self.launch.request.log(f"edgetrain: {host.name}: {why}; ending this attempt")
+            self.launch.config.log(f"edgetrain: {host.name}: {why}; ending this attempt")
         self.launch.runtime.stop()
 
     def go_on_without(self, name: str, why: str) -> None:
@@ -454,10 +346,10 @@ class _Watch(threading.Thread):
                 return
             self.went_on_without[name] = why
         self.launch.runtime.lose(next(h for h in self.launch.placement.hosts if h.name == name))
-        self.launch.request.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
+        self.launch.config.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
         plan = self.launch.placement
         gone = {r for h in plan.hosts if h.name in self.went_on_without for r in plan.ranks_on(h)}
-        if all(r in gone for r in range(plan.np) if self.launch.request.expendable(r)):
+        if all(r in gone for r in range(plan.np) if self.launch.config.expendable(r)):
             # The coordinator would wait for one to come back (TensorFlow: up to an hour).
             self._fail(None, f"every rank the run could go on without was lost ({', '.join(self.went_on_without)}), "
                              "and it cannot go on with none")
@@ -500,7 +392,7 @@ class _Watch(threading.Thread):
                 # A near miss: a link this slow is one hiccup from ending the run. Each is
                 # said, with how many there were: one is a hiccup, many a failing cable.
                 self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
-                self.launch.request.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
+                self.launch.config.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
                                         f"({self.near_misses[st.host.name]} time(s) this attempt)")
         losable = self.launch.losable
         for st in states:
@@ -518,12 +410,12 @@ class _Watch(threading.Thread):
         """Once an epoch begins after one this attempt trained (and checkpointed), look for the
         left-out nodes; one that answers and no longer runs this run's old container ends the
         attempt, to be taken back at that checkpoint."""
-        req = self.launch.request
-        if not (req.rejoin and req.excluded) or self.first_epoch is None or self.epoch <= max(self.looked_at, self.first_epoch):
+        config, excluded = self.launch.config, self.launch.attempt.excluded
+        if not (config.restarts.rejoin and excluded) or self.first_epoch is None or self.epoch <= max(self.looked_at, self.first_epoch):
             return False
         self.looked_at = self.epoch
         nodes, name = self.launch.runtime.nodes, f"edgetrain-{self.launch.run.id}"
-        for host in (h for h in inventory.load(req.inventory).hosts if h.name in req.excluded):
+        for host in (h for h in inventory.load(config.inventory).hosts if h.name in excluded):
             try:
                 if nodes.answers(host) and name not in containers.leftovers(nodes, host):
                     self.back = host
@@ -553,7 +445,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             start_new_session=True, preexec_fn=_die_with_parent)
     launch.runtime.attach(proc)
-    watch = _Watch(launch, launch.request.hang_timeout)
+    watch = _Watch(launch, launch.config.hang_timeout)
     watch.start()
     seen = _Seen()
     state, code = Status.FAILED, 1
@@ -577,7 +469,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                       lost=lost, back=watch.back)
     if state == Status.FAILED:
         outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported,
-                                                    lambda line: launch.request.log(f"edgetrain: warning: {line}")))
+                                                    lambda line: launch.config.log(f"edgetrain: warning: {line}")))
     if seen.record_error is not None:
         raise _unrecorded(launch, outcome, seen.record_error)
     return outcome
