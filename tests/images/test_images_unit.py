@@ -135,7 +135,7 @@ def test_a_target_takes_the_constraints_whose_markers_hold_there(tmp_path, monke
     x86_64, where pip would read the x86_64 line."""
     (tmp_path / "c.txt").write_text("# pins\nTensorflow==2.15.1  # comment\nhorovod == 0.28.1\nloose>=1\n"
                                     'torch==2.9.1 ; platform_machine == "aarch64"\ntorch==2.13.0+cpu ; platform_machine == "x86_64"\n')
-    monkeypatch.setattr(images, "constraints_file", lambda: tmp_path / "c.txt")
+    monkeypatch.setattr(images.local_engine, "constraints_file", lambda: tmp_path / "c.txt")
     assert images.pinned_versions(images.TARGETS["arm64"]) == {"tensorflow": "2.15.1", "horovod": "0.28.1", "torch": "2.9.1"}
     assert images.pinned_versions(images.TARGETS["amd64"])["torch"] == "2.13.0+cpu"
     assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "2.9.1"  # its own pin (a CUDA 12.8 build), not the CPU build
@@ -202,7 +202,7 @@ class ScriptedApi:
 def scripted_engine(monkeypatch):
     def install(chunks, held):
         api = ScriptedApi(chunks, held)
-        monkeypatch.setattr(images, "engine", lambda: type("Client", (), {"api": api})())
+        monkeypatch.setattr(images.local_engine, "engine", lambda: type("Client", (), {"api": api})())
         return api
     return install
 
