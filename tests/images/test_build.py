@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from edgetrain.controller import images
+from edgetrain.controller.inventory import project_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -120,7 +121,7 @@ def test_labels_tell_versions_and_revision(image):
     assert labels["org.edgetrain.torch.version"] == pins["torch"]
     # The commit the image was built from: HEAD then, so HEAD or one of its ancestors now.
     revision = labels["org.opencontainers.image.revision"].removesuffix("-dirty")
-    ancestor = subprocess.run(["git", "-C", str(images.project_root()), "merge-base", "--is-ancestor", revision, "HEAD"], check=False)
+    ancestor = subprocess.run(["git", "-C", str(project_root()), "merge-base", "--is-ancestor", revision, "HEAD"], check=False)
     assert ancestor.returncode == 0, revision
     assert image.tag.startswith(f"edgetrain:{labels['org.opencontainers.image.version']}-")
 

@@ -13,8 +13,9 @@ import pytest
 
 from edgetrain.controller import gpu
 from edgetrain.controller import images
+from edgetrain.controller.inventory import project_root
 
-DOCKERFILE = images.project_root() / "images" / "Dockerfile.cuda"
+DOCKERFILE = project_root() / "images" / "Dockerfile.cuda"
 
 
 def stages() -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import images, inventory
+from edgetrain.controller.remote import ssh_command
 from edgetrain.shared.errors import EdgetrainError
 from tests import docker_engine
 from tests.conftest import edgetrain
@@ -67,7 +68,7 @@ def node(engine, tmp_path_factory) -> Iterator[SshNode]:
         )
         deadline = time.monotonic() + 20
         host = inventory.load(d / "hosts.yml").hosts[0]
-        while subprocess.run([*images.ssh_command(host), "true"], capture_output=True).returncode != 0:
+        while subprocess.run([*ssh_command(host), "true"], capture_output=True).returncode != 0:
             assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
             time.sleep(0.3)
         yield SshNode(d / "hosts.yml", second)
@@ -112,7 +113,7 @@ def test_an_image_built_on_one_the_node_holds_is_sent_without_the_layers_it_shar
     said: list[str] = []
     try:
         (shipped,) = images.distribute(inventory.load(tmp_path / "hosts.yml"), log=said.append)
-        base_layers = len(images._inspect(amd64_image.tag)["RootFS"]["Layers"])
+        base_layers = len(images.inspect_image(amd64_image.tag)["RootFS"]["Layers"])
         assert shipped.loaded and f"({base_layers} of its {base_layers + 1} layers already there)" in said[0], said
         sent = float(said[-1].split("loaded (")[1].split(" MB sent")[0].replace(",", ""))
         assert sent < 1, said  # the base is 1.8 GB

@@ -10,11 +10,15 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import docker.errors
 import pytest
 
+from edgetrain import __version__
 from edgetrain.controller import images
+from edgetrain.controller.images import local_engine, targets
+from edgetrain.controller.remote import ssh_command
 from edgetrain.shared.errors import EdgetrainError
-from edgetrain.controller.inventory import Host
+from edgetrain.controller.inventory import Host, project_root
 
 CHECK_BUILD = """Horovod v0.28.1:
 
@@ -37,7 +41,7 @@ Available Tensor Operations:
 
 
 def load_check_script():
-    path = images.project_root() / "images" / "edgetrain-image-check"
+    path = project_root() / "images" / "edgetrain-image-check"
     loader = importlib.machinery.SourceFileLoader("edgetrain_image_check", str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
@@ -113,12 +117,12 @@ def host(**kw) -> Host:
 def test_images_and_ssh_commands_for_nodes():
     pi = host(user="pi", port=2222, vars={"ansible_ssh_private_key_file": "/k", "ansible_ssh_common_args": "-o StrictHostKeyChecking=no"})
     gpu = host(name="gpu1", arch="x86_64", groups=frozenset({"gpu"}))
-    assert images.image_for(pi) == f"edgetrain:{images.__version__}-arm64"
-    assert images.image_for(gpu) == f"edgetrain:{images.__version__}-cuda"
+    assert images.image_for(pi) == f"edgetrain:{__version__}-arm64"
+    assert images.image_for(gpu) == f"edgetrain:{__version__}-cuda"
     assert images.image_for(host(image="site/edgetrain:pinned")) == "site/edgetrain:pinned"
     # ssh as Ansible would (edgetrain.controller.remote.ssh_command), the docker command last, as one string.
     argv = images.node_docker(pi, ["load"])
-    assert argv == [*images.ssh_command(pi), "docker load"]
+    assert argv == [*ssh_command(pi), "docker load"]
     assert argv[0] == "ssh" and argv[-2:] == ["pi@198.18.0.11", "docker load"]
     joined = " ".join(argv)
     assert "-p 2222" in joined and "-i /k" in joined and "-o StrictHostKeyChecking=no" in joined
@@ -135,7 +139,7 @@ def test_a_target_takes_the_constraints_whose_markers_hold_there(tmp_path, monke
     x86_64, where pip would read the x86_64 line."""
     (tmp_path / "c.txt").write_text("# pins\nTensorflow==2.15.1  # comment\nhorovod == 0.28.1\nloose>=1\n"
                                     'torch==2.9.1 ; platform_machine == "aarch64"\ntorch==2.13.0+cpu ; platform_machine == "x86_64"\n')
-    monkeypatch.setattr(images, "constraints_file", lambda: tmp_path / "c.txt")
+    monkeypatch.setattr(targets, "constraints_file", lambda: tmp_path / "c.txt")
     assert images.pinned_versions(images.TARGETS["arm64"]) == {"tensorflow": "2.15.1", "horovod": "0.28.1", "torch": "2.9.1"}
     assert images.pinned_versions(images.TARGETS["amd64"])["torch"] == "2.13.0+cpu"
     assert images.pinned_versions(images.TARGETS["cuda"])["torch"] == "2.9.1"  # its own pin (a CUDA 12.8 build), not the CPU build
@@ -161,7 +165,7 @@ def test_tar_stream_carries_the_context(tmp_path):
     (tmp_path / "images" / "Dockerfile.cuda").write_text("FROM scratch\n")
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / "a.whl").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several pipe chunks
-    data = b"".join(images._tar_stream(tmp_path))
+    data = b"".join(local_engine._tar_stream(tmp_path))
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert sorted(tar.getnames()) == ["images", "images/Dockerfile.cuda", "wheels", "wheels/a.whl"]
         assert tar.extractfile("wheels/a.whl").read() == bytes(range(256)) * 8192
@@ -194,7 +198,7 @@ class ScriptedApi:
 
     def inspect_image(self, ref):
         if ref not in self.images_held:
-            raise images.docker.errors.ImageNotFound(f"No such image: {ref}")
+            raise docker.errors.ImageNotFound(f"No such image: {ref}")
         return self.images_held[ref]
 
 
@@ -202,7 +206,7 @@ class ScriptedApi:
 def scripted_engine(monkeypatch):
     def install(chunks, held):
         api = ScriptedApi(chunks, held)
-        monkeypatch.setattr(images, "engine", lambda: type("Client", (), {"api": api})())
+        monkeypatch.setattr(local_engine, "engine", lambda: type("Client", (), {"api": api})())
         return api
     return install
 

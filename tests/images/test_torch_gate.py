@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import images
+from edgetrain.controller.inventory import project_root
 from tests.conftest import summarize
 
-GATE = images.project_root() / "images" / "edgetrain-torch-gate"
+GATE = project_root() / "images" / "edgetrain-torch-gate"
 ARM64 = images.TARGETS["arm64"]
 PLATFORM = ["--platform", "manylinux_2_28_aarch64", "--python-version", ARM64.python, "--only-binary=:all:"]
 # What torch needs, named rather than resolved: pip evaluates markers for this x86_64 machine, and
@@ -58,7 +59,7 @@ def arm64_root(gate_dir) -> Path:
     """A Debian arm64 root with python3 (debootstrap through qemu, about 2-5 min the first time)."""
     root = gate_dir / f"{images.DEBIAN_SUITE}-arm64"
     if not root.exists():
-        images._require_emulation(ARM64)
+        images.require_emulation(ARM64)
         gate_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=gate_dir) as tmp:
             mirror = os.environ.get("EDGETRAIN_DEBIAN_MIRROR", images.DEFAULT_DEBIAN_MIRROR)
