@@ -119,11 +119,12 @@ def epoch_lines(said: TimedOutput) -> list[tuple[float, dict]]:
 class LongRun(TimedOutput):
     """The run, its console lines kept as they arrive, each with the monotonic time it came."""
 
-    def __init__(self, c: Cluster, *extra: str, epochs: int = 40, max_steps: int | None = STEPS) -> None:
+    def __init__(self, c: Cluster, *extra: str, epochs: int = 40, max_steps: int | None = STEPS,
+                 command: tuple[str, ...] = ("run", "lenet", *NP)) -> None:
         self.c = c
         self.runs_before = c.run_ids()
         steps = ("--max-steps", str(max_steps)) if max_steps else ()
-        cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", *NP, "-i", c.inventory, "--epochs", str(epochs), *steps, *extra]
+        cmd = [sys.executable, "-m", "edgetrain", *command, "-i", c.inventory, "--epochs", str(epochs), *steps, *extra]
         self.started = time.monotonic()
         self.ended: float | None = None  # once wait() saw it end
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -155,8 +156,8 @@ class LongRun(TimedOutput):
         self.until("run id", lambda: self.c.run_ids() - self.runs_before, 600)
         return self.c.new_run(self.runs_before)
 
-    def checkpoint(self, epoch: int = 1) -> str:
-        rid = self.run_id()
+    def checkpoint(self, epoch: int = 1, rid: str | None = None) -> str:
+        rid = rid or self.run_id()
         self.until(f"checkpoint {epoch}", lambda: f"epoch-{epoch:04d}" in self.c.node_ls("node1", f"{self.c.home}/runs/{rid}/checkpoints"), 600)
         return rid
 

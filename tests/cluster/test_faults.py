@@ -8,6 +8,7 @@ The figures go to the testbed report."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import signal
@@ -106,6 +107,39 @@ def test_a_lost_worker_node_is_left_out_then_taken_back_and_the_run_completes(fa
         f"first step {shrunk_attempt['first_step_s']} s, resumed from epoch {shrunk_attempt['resumed_from_epoch']} on 2 nodes "
         f"(epochs {shrunk[0]}-{shrunk[-1]} there); node3 taken back {back:.0f} s after the cut, launch to first step "
         f"{back_attempt['first_step_s']} s; completed {total:.0f} s after the cut")
+
+
+def test_bench_survives_a_lost_node_under_max_restarts_as_run_does(faults, report):
+    """`edgetrain bench --max-restarts 1`: node3's link goes dark after the 3-node run's first
+    checkpoint; the supervisor restarts that run on node1 and node2 as it would `edgetrain run`'s,
+    the run completes, and bench finishes, its try recorded as one that lost node3 (left out of
+    the medians: it stands for no N), with no container left on any node."""
+    with LongRun(faults, "--nodes", "3", "--repeat", "1", "--max-restarts", "1", epochs=6, command=("bench", "lenet")) as job:
+        trained = lambda: sorted(r for r in faults.run_ids() - job.runs_before if "-lenet-" in r)  # noqa: E731 - not the probe's run
+        job.until("the 3-node run", trained, 600)
+        rid = job.checkpoint(1, rid=trained()[0])
+        node3 = next(n for n in faults.bed.state.nodes if n.name == "node3")
+        cut = time.monotonic()
+        run("ip", "link", "set", node3.veth, "down")
+        try:
+            job.until("restart", lambda: any("restarting on node1, node2" in line for line in job.out), 180)
+            noticed = time.monotonic() - cut
+        finally:
+            run("ip", "link", "set", node3.veth, "up")
+            faults.bed.wait_ssh(node3)
+        code, _, err = job.wait(600)
+        out = "".join(job.out)
+    assert code == 0, (out + err)[-3000:]
+    assert "3 nodes, try 1/1: edgetrain: node3 lost (unreachable" in out and "with 2 ranks from the newest intact checkpoint" in out, out
+    [body] = [b for b in (json.loads(f.read_text()) for f in faults.runs.glob("*-bench-lenet-*/bench.json"))
+              if any(t["run"] == rid for t in b["trials"])]
+    [trial] = body["trials"]
+    assert trial["run"] == rid and trial["status"] == "completed" and list(trial["lost"]) == ["node3"], trial
+    assert body["points"][0]["images_per_sec"] is None  # the only try lost a node: no figure for N = 3
+    assert [a["np"] for a in faults.run_json(rid)["attempts"]] == [3, 2]
+    cleared = gone_within(faults, LEASE + 30)  # node3's old container ends itself once its lease runs out
+    report["fault: node3 link cut during bench --max-restarts 1"] = (
+        f"restart began {noticed:.0f} s after the cut; the run completed on 2 nodes; every container gone {cleared:.0f} s after bench's exit")
 
 
 def test_a_node_slow_to_answer_is_warned_about_not_called_lost(faults):
