@@ -5,7 +5,8 @@ start it) trains under each Python named with ``--python`` in turn, in one cgrou
 calibrated quota of an emulated Pi 4 (the pessimistic bracket: everything the node runs, Gloo's
 threads too, in that one quota), the order alternating from pair to pair so the machine's drift
 falls on each alike. Each prints its second epoch's training img/s as the example reports it.
-Nothing is set that the launch would not set: one rank a node gets torch's own thread default.
+An interpreter given as ``PYTHON@N`` runs with OMP_NUM_THREADS=N; as ``PYTHON`` alone, with
+torch's own thread default, as edgetrain's launch leaves one rank a node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 
 from edgetrain.shared import datasets
 
@@ -36,18 +38,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def version(python: str) -> str:
-    return subprocess.run([python, "-c", "import torch; print(torch.__version__, torch.get_num_threads())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+def _env(arm: str) -> tuple[str, dict[str, str]]:
+    python, _, threads = arm.partition("@")
+    return python, {"PATH": "/usr/bin:/bin", **({"OMP_NUM_THREADS": threads} if threads else {})}
 
 
-def train(group: CpuGroup, python: str, script: str, steps: int, epochs: int) -> float:
-    env = {"PATH": "/usr/bin:/bin", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+def version(arm: str) -> str:
+    python, env = _env(arm)
+    return subprocess.run([python, "-c", "import torch; print(f'torch {torch.__version__}, {torch.get_num_threads()} threads')"],
+                          env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def train(group: CpuGroup, arm: str, script: str, steps: int, epochs: int) -> float:
+    python, env = _env(arm)
+    env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
     data = datasets.locate("mnist").paths[0].parent
-    out = subprocess.run(group.command([python, script, "--epochs", str(epochs), "--steps-per-epoch", str(steps),
-                                        "--data", str(data)]),
-                         env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory(prefix="edgetrain-torch-versions-") as cwd:  # the weights it saves go with it
+        out = subprocess.run(group.command([python, script, "--epochs", str(epochs), "--steps-per-epoch", str(steps),
+                                            "--data", str(data)]),
+                             env=env, cwd=cwd, capture_output=True, text=True, check=True).stdout
     rates = [float(m.group(2).replace(",", "")) for m in EPOCH.finditer(out)]
     if len(rates) != epochs:
         raise RuntimeError(f"{python}: expected {epochs} epoch lines, got:\n{out}")
@@ -56,7 +66,7 @@ def train(group: CpuGroup, python: str, script: str, steps: int, epochs: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster.torch_versions", description=__doc__)
-    p.add_argument("--python", action="append", required=True, help="an interpreter with torch (give two or more)")
+    p.add_argument("--python", action="append", required=True, help="an interpreter with torch, PYTHON or PYTHON@THREADS (give two or more)")
     p.add_argument("--rate", type=float, default=250.0, help="the emulated Pi's img/s (the seed LeNet, calibrated)")
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--steps", type=int, default=100, help="training steps an epoch")
