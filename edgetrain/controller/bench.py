@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
-from edgetrain.controller import inventory, launch, overlap, placement, plots
-from edgetrain.shared import jobs, runs, strategies
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+from edgetrain.controller import inventory, launch, overlap, placement, plots, strategies
+from edgetrain.controller.strategies import STRATEGIES
+from edgetrain.shared import jobs, runs
+from edgetrain.shared.strategies import DEFAULT
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgetrain import __version__
-from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, strategies, workdir
+from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes, strategies
+from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.program import Program
 from edgetrain.shared.runs import Status
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfMultiWorker, Torch
+from edgetrain.controller.strategies import STRATEGIES, TfMultiWorker, Torch
+from edgetrain.shared.strategies import DEFAULT
 
 
 @dataclass
@@ -182,7 +183,7 @@ def _runtime(req: RunRequest, inv: inventory.Inventory, plan: placement.Placemen
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, needs=STRATEGIES[req.strategy].needs,
+    return runtimes.RUNTIMES[name].checked(plan, inv, req.program, data_dir=req.data_dir, strategy=STRATEGIES[req.strategy],
                                            log=req.log)
 
 
