@@ -152,7 +152,8 @@ class Torch(Strategy):
     def peers(self, plan: Placement, base_port: int, ps: int | None = None) -> TorchPeers:
         several = len(plan.hosts) > 1
         address = plan.head.address if several or not plan.head.is_local else "127.0.0.1"
-        return TorchPeers(address, base_port, plan.head.iface if several and plan.head.iface else "", tuple((host.name, n) for host, n in plan.ranks))
+        iface = plan.head.iface if several and plan.head.iface else ""
+        return TorchPeers(address, base_port, iface, tuple((host.name, n) for host, n in plan.ranks))
 
 
 STRATEGIES: dict[Name, Strategy] = {s.name: s for s in (Horovod(), TfMultiWorker(), TfParameterServer(), Torch())}
