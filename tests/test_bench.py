@@ -10,7 +10,7 @@ import pytest
 from edgetrain.controller import bench, launch
 from edgetrain.controller import config as configs
 from edgetrain.shared import runs
-from edgetrain.shared.strategies import STRATEGIES
+from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.controller.program import JobOptions, Program
 
 from .conftest import ROOT, edgetrain, snapshot

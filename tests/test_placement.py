@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from edgetrain.controller import inventory, placement
-from edgetrain.shared import mpi, strategies
+from edgetrain.controller import inventory, placement, strategies
+from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 CLUSTER = """

@@ -12,7 +12,7 @@ from edgetrain.controller import program as programs
 from edgetrain.controller.inventory import Inventory
 from edgetrain.shared.job_options import JobOptions
 from edgetrain.shared.runs import Status
-from edgetrain.shared.strategies import STRATEGIES
+from edgetrain.controller.strategies import STRATEGIES
 
 from .test_containers_unit import host
 

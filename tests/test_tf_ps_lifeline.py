@@ -13,6 +13,7 @@ import time
 import pytest
 
 from edgetrain.rank import tf_ps
+from edgetrain.shared.strategies import ParameterServerPeers
 
 
 def task() -> tuple[socket.socket, socket.socket, str]:
@@ -98,7 +99,7 @@ def hear(monkeypatch, rank: int, then) -> tuple[str, float, socket.socket]:
     monkeypatch.setattr(tf_ps, "SILENCE_S", 1.0)
     listener, conn, address = task()
     accepted, _ = listener.accept()
-    layout = tf_ps.Layout(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", address), 1, "127.0.0.1:4")
+    layout = ParameterServerPeers(("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", address), 1, "127.0.0.1:4")
     chief_end, server_end = socket.socketpair()
     said: list[str] = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: said.append(" ".join(map(str, a))))

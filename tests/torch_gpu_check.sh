@@ -11,7 +11,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 DATA=$(realpath "${1:?give the folder holding mnist/}")
 EX=$PWD/examples
 scratch=$(mktemp -d)
-worker() { python3 -m edgetrain.rank.worker --run-dir "$1" --data "$DATA" --strategy torch --peers "$2" "${@:3}"; }
+# worker RUN_DIR MASTER_PORT HOSTS PROGRAM [ARGS...]: HOSTS each host's name and ranks, [["gpu1",2]]
+worker() { python3 -m edgetrain.rank.worker --run-dir "$1" --data "$DATA" --strategy torch \
+  --peers "{\"master_addr\":\"127.0.0.1\",\"master_port\":$2,\"iface\":\"\",\"hosts\":$3}" "${@:4}"; }
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 clock() { date +%s.%N; }
 took() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f} s from the command')" "$@"; }
@@ -25,7 +27,7 @@ for i in 1 2 3; do
   fi
   echo "--- DDP LeNet, NCCL, 1 rank: edgetrain's worker, try $i"
   t0=$(clock)
-  PMI_RANK=0 PMI_SIZE=1 worker "$scratch/w$i" "127.0.0.1:2950$i::gpu1=1" "$EX/torch_ddp/train.py" -- --epochs 2 --steps-per-epoch 300 | grep -E "epoch|accuracy"
+  PMI_RANK=0 PMI_SIZE=1 worker "$scratch/w$i" "2950$i" '[["gpu1",1]]' "$EX/torch_ddp/train.py" -- --epochs 2 --steps-per-epoch 300 | grep -E "epoch|accuracy"
   took "$t0" "$(clock)"
   echo "--- the same under torchrun, try $i"
   t0=$(clock)
@@ -34,15 +36,15 @@ for i in 1 2 3; do
 done
 echo "--- torchrun-style script, Gloo, 2 ranks"
 mkdir -p "$scratch/g"
-for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/g" 127.0.0.1:29600::gpu1=2 "$EX/torchrun_minimal/train.py" >/dev/null 2>&1 & done; wait
+for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/g" 29600 '[["gpu1",2]]' "$EX/torchrun_minimal/train.py" >/dev/null 2>&1 & done; wait
 cat "$scratch"/g/rank.*.log
 echo "--- the seed's placeholders, 2 ranks"
 mkdir -p "$scratch/s"
-for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/s" 127.0.0.1:29700::gpu1=2 "$EX/torch_seed/train.py" -- --dist-url '{master_url}' --dist-rank '{rank}' --world-size '{world_size}' --epochs 1 >/dev/null 2>&1 & done; wait
+for r in 0 1; do PMI_RANK=$r PMI_SIZE=2 worker "$scratch/s" 29700 '[["gpu1",2]]' "$EX/torch_seed/train.py" -- --dist-url '{master_url}' --dist-rank '{rank}' --world-size '{world_size}' --epochs 1 >/dev/null 2>&1 & done; wait
 grep -h epoch "$scratch"/s/rank.*.log
 echo "--- a peer that never joins (rank 1 of 2 never starts)"
 mkdir -p "$scratch/p"; start=$(date +%s)
-PMI_RANK=0 PMI_SIZE=2 worker "$scratch/p" 127.0.0.1:29800::gpu1=1,gpu2=1 "$EX/torchrun_minimal/train.py" >/dev/null 2>&1
+PMI_RANK=0 PMI_SIZE=2 worker "$scratch/p" 29800 '[["gpu1",1],["gpu2",1]]' "$EX/torchrun_minimal/train.py" >/dev/null 2>&1
 echo "exit $? after $(( $(date +%s) - start )) s: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["error"])' "$scratch/p/rank.0.failure.json")"
 if command -v mpirun >/dev/null; then
   echo "--- two NCCL ranks on a host with $(python3 -c 'import torch; print(torch.cuda.device_count())') GPU(s): edgetrain run --np 2"

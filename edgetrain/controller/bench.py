@@ -45,8 +45,10 @@ from pathlib import Path
 from edgetrain.controller import config as configs
 from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
 from edgetrain.controller.config import Attempt
-from edgetrain.shared import jobs, runs, strategies
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES
+from edgetrain.controller import strategies
+from edgetrain.controller.strategies import STRATEGIES
+from edgetrain.shared import jobs, runs
+from edgetrain.shared.strategies import DEFAULT
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError

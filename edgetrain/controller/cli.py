@@ -32,7 +32,8 @@ from edgetrain.controller import plots
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, TfParameterServer
+from edgetrain.controller.strategies import STRATEGIES, TfParameterServer
+from edgetrain.shared.strategies import DEFAULT
 from edgetrain.shared.terminal import shown
 from edgetrain.controller.remote import Nodes
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from types import MappingProxyType
 
 from edgetrain.controller.program import Program
-from edgetrain.shared import runs, strategies, workdir
+from edgetrain.controller import strategies
+from edgetrain.shared import runs, workdir
 from edgetrain.shared.errors import UsageError
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, Strategy, TfMultiWorker, Torch
+from edgetrain.controller.strategies import STRATEGIES, Strategy, TfMultiWorker, Torch
+from edgetrain.shared.strategies import DEFAULT
 
 # The flags that pick a strategy's ports, by the strategy's port_option, with their defaults.
 PORT_FLAGS = {"tf_port": TfMultiWorker.default_port, "master_port": Torch.default_port}

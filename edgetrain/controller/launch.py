@@ -102,7 +102,7 @@ def _runtime(config: LaunchConfig, inv: inventory.Inventory, plan: placement.Pla
         name = found.pop()
     if name not in runtimes.RUNTIMES:
         raise UsageError(f"unknown --runtime {name!r}", f"use one of: {', '.join(runtimes.RUNTIMES)}")
-    return runtimes.RUNTIMES[name].checked(plan, inv, config.program, data_dir=config.data_dir, needs=config.strategy.needs,
+    return runtimes.RUNTIMES[name].checked(plan, inv, config.program, data_dir=config.data_dir, strategy=config.strategy,
                                            log=config.log)
 
 

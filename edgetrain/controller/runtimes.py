@@ -29,13 +29,7 @@ from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.controller.placement import Placement
 from edgetrain.controller.program import Program
 from edgetrain.controller.remote import Nodes
-from edgetrain.shared.strategies import Strategy
-
-# How to get what a strategy's ranks import where it is missing on this machine (an image lacking it is rebuilt).
-NEEDS_FIX = {
-    "horovod": "run scripts/setup (it compiles Horovod against this machine's MPICH)",
-    "torch": "run scripts/setup with EDGETRAIN_TORCH=1 (it installs torch for the host runtime)",
-}
+from edgetrain.controller.strategies import Strategy
 
 CHECK_PORTS = (
     "import socket, sys\n"
@@ -67,20 +61,20 @@ class Runtime:
 
     @classmethod
     def checked(cls, plan: Placement, inventory: Inventory, program: Program, *, data_dir: Path | None = None,
-                needs: str = "horovod", log: Callable[[str], None] = print) -> Runtime:
+                strategy: Strategy, log: Callable[[str], None] = print) -> Runtime:
         """The runtime for ``plan`` once every check that needs no run directory has passed
-        (``data_dir``: where this machine keeps its datasets, for the host runtime; ``needs``: what
-        every rank imports for the run's strategy)."""
+        (``data_dir``: where this machine keeps its datasets, for the host runtime; ``strategy``:
+        the run's, whose ``needs`` every rank imports)."""
         nodes = Nodes()
         try:
-            found = cls.check(nodes, plan, inventory, program, data_dir, needs, log)
+            found = cls.check(nodes, plan, inventory, program, data_dir, strategy, log)
         except BaseException:
             nodes.close()
             raise
         return cls(plan=plan, inventory=inventory, nodes=nodes, log=log, **found)
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, strategy: Strategy,
               log: Callable[[str], None]) -> dict:
         """Every check that needs no run directory; raises on the first failure, else returns what
         it found (this runtime's fields)."""
@@ -192,16 +186,16 @@ class HostRuntime(Runtime):
     staged: dict[str, datasets.DatasetFiles]  # every dataset this machine has, the required ones among them
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, strategy: Strategy,
               log: Callable[[str], None]) -> dict:
         if not plan.head.is_local:
             raise EdgetrainError(
                 f"the host runtime starts mpirun on this machine, but rank 0's host {plan.head.name} is another machine",
                 "use --runtime docker, or run edgetrain on the head node",
             )
-        if importlib.util.find_spec(needs) is None:
-            raise EdgetrainError(f"this machine's Python ({sys.executable}) has no {needs}, which the run's strategy needs",
-                                 NEEDS_FIX.get(needs, f"install {needs} there"))
+        if importlib.util.find_spec(strategy.needs) is None:
+            raise EdgetrainError(f"this machine's Python ({sys.executable}) has no {strategy.needs}, which the run's strategy needs",
+                                 strategy.install_fix)
         mpirun_exe = mpi.mpirun_path()
         required = {d: datasets.locate(d, data_dir) for d in program.datasets}
         # As on a provisioned node, every dataset this machine has is staged, so that a script's
@@ -275,10 +269,10 @@ class DockerRuntime(Runtime):
     containers: containers.Containers | None = None  # once started
 
     @staticmethod
-    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, needs: str,
+    def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, strategy: Strategy,
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
-        preflight.require(reports, needs)
+        preflight.require(reports, strategy.needs)
         for line in preflight.skewed(reports):
             log(line)
         if program.requirements is not None:

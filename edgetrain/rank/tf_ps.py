@@ -1,5 +1,5 @@
 """A rank of a ``--strategy tf-ps`` run: the chief, which runs the script, or one of the
-parameter servers and workers, which serve until the chief ends (edgetrain.shared.strategies).
+parameter servers and workers, which serve until the chief ends (edgetrain.rank.strategies).
 
 TensorFlow's servers never end by themselves (``server.join()`` waits for good), and Hydra ends a
 run only when every rank has. So each server holds a TCP connection to the chief's lifeline port:
@@ -25,15 +25,13 @@ GIL, and the cut-off above takes over.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
-from edgetrain.shared.strategies import tf_ps_role
+from edgetrain.shared.strategies import ParameterServerPeers
 
 LIFELINE_WAIT_S = 300.0  # a server's wait for the chief to listen (it imports TensorFlow first)
 HEARTBEAT_S = 2.0  # how often a server says it lives, on the lifeline
@@ -50,29 +48,6 @@ _role: str | None = None
 _built = False
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What every rank is told: each task's host:port in rank order, how many are parameter
-    servers, and the chief's lifeline."""
-
-    tasks: tuple[str, ...]
-    ps: int
-    lifeline: str
-
-    @classmethod
-    def parse(cls, peers: str) -> Layout:
-        found = json.loads(peers)
-        return cls(tuple(found["tasks"]), int(found["ps"]), found["lifeline"])
-
-    def role(self, rank: int) -> tuple[str, int]:
-        return tf_ps_role(rank, self.ps)
-
-    def tf_config(self, rank: int) -> str:
-        kind, index = self.role(rank)
-        cluster = {"chief": list(self.tasks[:1]), "ps": list(self.tasks[1:1 + self.ps]), "worker": list(self.tasks[1 + self.ps:])}
-        return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-
-
 def role() -> str | None:
     return _role
 
@@ -87,7 +62,7 @@ def _address(hostport: str) -> tuple[str, int]:
     return ("127.0.0.1" if host == "localhost" else host), int(port)
 
 
-def become_chief(layout: Layout) -> None:
+def become_chief(layout: ParameterServerPeers) -> None:
     """Listen on the lifeline (held until this process ends), and note when the script builds
     its ParameterServerStrategy."""
     global _role
@@ -105,7 +80,7 @@ def become_chief(layout: Layout) -> None:
     _watch_strategy()
 
 
-def _hear(layout: Layout, conn: socket.socket, until: threading.Event | None = None) -> None:
+def _hear(layout: ParameterServerPeers, conn: socket.socket, until: threading.Event | None = None) -> None:
     """One server's heartbeat: its rank, then a byte every HEARTBEAT_S. A worker's connections are
     armed every ARM_EVERY_S while it beats; one that falls silent or whose lifeline breaks is cut
     off, and again every CUT_AGAIN_S until this process ends (or ``until`` is set)."""
@@ -228,7 +203,7 @@ def _watch_strategy() -> None:
     pss.ParameterServerStrategyV2.__init__ = init
 
 
-def serve(layout: Layout, rank: int) -> None:
+def serve(layout: ParameterServerPeers, rank: int) -> None:
     """Run this rank's TensorFlow server until the chief's process ends."""
     global _role
     kind, index = layout.role(rank)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
-from edgetrain.shared.strategies import fill_placeholders
+from edgetrain.shared.strategies import TorchPeers, fill_placeholders
 
 JOIN_TIMEOUT_S = 60.0
 LEAVE_TIMEOUT_S = 10.0  # how long rank 0 waits at its end for the others' scripts to end
@@ -47,12 +47,9 @@ class Place:
     layout: tuple[tuple[str, int], ...]  # (host, its ranks) in placement order, rank 0's first
 
     @classmethod
-    def parse(cls, peers: str, env=os.environ) -> tuple[Place, str | None]:
-        """This rank's place and the cluster interface (None on one host), from ``peers``:
-        ``ADDR:PORT:IFACE:HOST=N,HOST=N,...`` (strategies.Torch.worker_args)."""
-        addr, port, iface, layout = peers.rsplit(":", 3)
-        hosts = tuple((h, int(n)) for h, n in (item.rsplit("=", 1) for item in layout.split(",")))
-        return cls(*mpi.rank_and_size(env), addr, int(port), hosts), iface or None
+    def of(cls, peers: TorchPeers, env=os.environ) -> Place:
+        """This rank's place (its rank from Hydra's ``env``) in the run the launcher told of."""
+        return cls(*mpi.rank_and_size(env), peers.master_addr, peers.master_port, peers.hosts)
 
     def _node_of(self, rank: int) -> tuple[int, int]:
         """(node index, the node's first rank)."""

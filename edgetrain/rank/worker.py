@@ -3,7 +3,7 @@
 A middleman between Hydra and the program (the user's script, or a built-in job's module): it
 sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts the program in
 the rank's working copy of the shipped folder with the node's datasets where Keras looks for
-them, sets up the rank's environment as its strategy says (edgetrain.shared.strategies), and records how the rank
+them, sets up the rank's environment as its strategy says (edgetrain.rank.strategies), and records how the rank
 ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
 list of files the program wrote (``outputs.json``) for ``edgetrain collect``. A rank that a signal
 ends cannot write its record: its keeper does (edgetrain.rank.keeper).
@@ -30,7 +30,8 @@ from edgetrain.rank import keeper, pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
 from edgetrain.shared.runs import OUTPUTS, RUN_AS
-from edgetrain.shared.strategies import DEFAULT, STRATEGIES, Strategy, horovod_module
+from edgetrain.rank.strategies import STRATEGIES, Strategy, horovod_module
+from edgetrain.shared.strategies import DEFAULT, Name
 
 # Where Keras' ``load_data()`` looks for each dataset's files, under ``~/.keras/datasets``.
 KERAS_LAYOUT = {
@@ -45,8 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--store", type=Path, help="the node's file store (with --workdir-manifest)")
     p.add_argument("--data", type=Path, help="the node's datasets, DIR/<dataset>/<files>")
-    p.add_argument("--strategy", choices=tuple(STRATEGIES), default=DEFAULT)
-    p.add_argument("--peers", default="", help="what the strategy tells every rank (tf-multiworker: host:port of every worker, in rank order)")
+    p.add_argument("--strategy", choices=tuple(Name), default=DEFAULT)
+    p.add_argument("--peers", default="", help="what the strategy tells every rank of its peers: JSON, its record in edgetrain.shared.strategies")
     p.add_argument("--events-token", default="", help="marks this attempt's events for the launcher (edgetrain.shared.progress)")
     p.add_argument("--job-name", default="", help="names the run's checkpoints (EDGETRAIN_JOB)")
     p.add_argument("--resume-from", default="", help="the checkpoint a resumed run starts from (EDGETRAIN_RESUME_FROM)")
@@ -239,7 +240,11 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     try:
         manifest = _working_copy(args, cwd, outputs)
         _environment(args, rank, console, outputs)
-        _program(args, cwd if manifest is not None else None, strategy.set_up_rank(rank, args.peers, args.args), strategy.keeps_program)
+        role = strategy.set_up(rank, args.peers, args.args)
+        if role.serve is not None:
+            role.serve()  # in the program's place: the program does not run on this rank
+        else:
+            _program(args, cwd if manifest is not None else None, role.args, strategy.keeps_program)
     except SystemExit as exc:
         if exc.code not in (None, 0):
             code = exc.code if isinstance(exc.code, int) else 1
@@ -287,7 +292,7 @@ def _environment(args: argparse.Namespace, rank: int, console: int, outputs: Pat
 _KEPT: list[object] = []  # what a program made, where its strategy keeps it to the rank's end
 
 
-def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: list[str], keep: bool) -> None:
+def _program(args: argparse.Namespace, shipped_to: Path | None, program_args: tuple[str, ...], keep: bool) -> None:
     """Run the module or script as ``__main__`` (a shipped script from the rank's working copy);
     with ``keep``, its globals - or the exception that holds its frames - live until os._exit."""
     try:

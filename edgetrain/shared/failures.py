@@ -32,7 +32,7 @@ NO_SUCH_GPU = "invalid device ordinal"
 class Kind(str, enum.Enum):
     EXCEPTION = "exception"  # the program raised
     EXIT = "exit"  # the program exited with a non-zero status
-    NO_INIT = "no-init"  # it ended cleanly without what its strategy needs (strategies.Unmet)
+    NO_INIT = "no-init"  # it ended cleanly without what its strategy needs (rank.strategies.Unmet)
     # Its script returned while the others were still in a collective. Its peers then fail too,
     # but it is the cause.
     ENDED_EARLY = "ended-early"
