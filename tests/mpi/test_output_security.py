@@ -1,6 +1,7 @@
 """What a program prints, and what a run's files say, is data on the user's terminal: never rich's
 markup, never a control sequence that rewrites the terminal (only its colours come through), and
-never the controller's own record. Driven through the real CLI, one rank on this machine."""
+never the controller's own record. Driven through the real CLI, one rank on this machine (the
+filter itself: tests/unit/test_output_security.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 
 from edgetrain import __version__
 from edgetrain.shared import runs
-from edgetrain.shared.terminal import printable, shown
 from tests.conftest import edgetrain, project_script
 
 
@@ -106,24 +106,3 @@ def test_control_sequences_never_reach_the_terminal_and_colours_and_redrawn_bars
     assert f"  | ValueError: {cleaned}" in r.stderr  # the failure's tail, from rank 0's log
     [error] = [line for line in r.stderr.splitlines() if line.startswith("edgetrain: error: ")]
     assert f"failed: ValueError: {cleaned} - logs in" in error
-
-
-@pytest.mark.parametrize("text, kept", [
-    ("a\x1b]0;pwned\x07b", "ab"),  # OSC to BEL
-    ("a\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\b", "alinkb"),  # OSC 8 hyperlinks, to ST
-    ("a\x1b]0;never ended", "a"),
-    ("a\x1bP$q\x1b\\b", "ab"),  # DCS
-    ("a\x1b[2Jb\x1b[?25l\x1b[10;1Hc", "abc"),  # screen clear, cursor
-    ("a\x9b2Jb\x9d0;t\x9cc", "abc"),  # the 8-bit C1 forms
-    ("a\x00b\x07c\x08d\x7fe\rf\x1b(Bg\x1b", "abcdefg"),
-    ("\x1b[1;38;5;208mcolour\x1b[0m\tand tab", "\x1b[1;38;5;208mcolour\x1b[0m\tand tab"),
-    ("acc[/top5] é 中", "acc[/top5] é 中"),
-])
-def test_printable_keeps_text_and_colours_and_drops_every_other_control(text, kept):
-    assert printable(text) == kept
-
-
-def test_shown_is_text_in_the_programs_colours_never_markup():
-    text = shown("[bold]x[/bold] \x1b[31mred\x1b[0m [/top5]")
-    assert text.plain == "[bold]x[/bold] red [/top5]"
-    assert [(s.start, s.end, str(s.style)) for s in text.spans] == [(15, 18, "color(1)")]

@@ -1,11 +1,16 @@
 """edgetrain.tracing: the LeNet job's first step traced twice, not four times, and no Horovod code
-through AutoGraph - with the same ops (the same output bias after 16 steps as Keras and Horovod's own way)."""
+through AutoGraph - with the same ops (the same output bias after 16 steps as Keras and Horovod's own way).
+One process: Horovod at size 1, its MPI started without mpirun."""
 
 import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
 
 
 def test_the_first_step_is_traced_twice_without_converting_horovod_and_trains_the_same():
