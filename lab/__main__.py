@@ -1,4 +1,4 @@
-"""python -m lab up|down|status|bench: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
