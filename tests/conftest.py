@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import images
-from tests import docker_engine
+from lab import docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,6 +175,17 @@ def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Pa
         [sys.executable, "-m", "edgetrain", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT,
     )
+
+
+def assert_one_line_error(result, *fragments: str, code: int = 1) -> str:
+    """The one line a failed command leaves on stderr, holding every fragment; no traceback."""
+    assert result.returncode == code, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgetrain: error: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
 
 
 def sigint_default() -> None:

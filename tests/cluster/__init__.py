@@ -1,1 +1,1 @@
-"""A multi-node testbed of network-namespace hosts, and the provisioning tests that use it."""
+"""The testbed's tests (lab.testbed): provisioning, containers, faults and the benches."""

@@ -1,6 +1,6 @@
 """Fixtures: one testbed of 3 namespace hosts per session, provisioned once with site.yml.
 
-The testbed is torn down by its finalizer whatever the tests did; `python -m tests.cluster down`
+The testbed is torn down by its finalizer whatever the tests did; `python -m lab down`
 removes a testbed left behind by a killed session.
 """
 
@@ -23,11 +23,10 @@ import yaml
 
 from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
+from lab.emulation import PI4_RATES, Emulation, calibrate, machine_cores
+from lab.testbed import DEFAULT_ROOT, Testbed, run
 from tests.conftest import edgetrain, summarize
-
-from .emulation import PI4_RATES, Emulation, calibrate, machine_cores
-from .playbook import Playbook
-from .testbed import DEFAULT_ROOT, Testbed, run
+from tests.playbook import Playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -58,7 +57,7 @@ def testbed(request):
         with contextlib.suppress(pytest.skip.Exception):  # no engine here: the tests that need one skip
             request.getfixturevalue("amd64_build")
     # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
-    # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m tests.cluster down ID`).
+    # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m lab down ID`).
     bed = Testbed.create(int(os.environ.get("EDGETRAIN_TESTBED_NODES", "3")), shape=True, docker=shutil.which("dockerd") is not None)
     try:
         yield bed

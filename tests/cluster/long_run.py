@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lab.testbed import run
 from tests.conftest import ROOT, edgetrain, sigint_default
 
 from .conftest import Cluster
-from .testbed import run
 
 LEASE = 30  # edgetrain_lease_seconds of the fault inventory: containers of a lost controller end within it
 NP = ("--np", "3")  # one rank per node: rank 0 on node1, 1 on node2, 2 on node3

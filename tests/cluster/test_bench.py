@@ -66,7 +66,7 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     assert points[2]["reference"] == pytest.approx(statistics.median(t["images_per_sec"] for t in beside))
     assert points[2]["efficiency"] == pytest.approx(points[2]["images_per_sec"] / (2 * points[2]["reference"]))
     assert "(r) 2 one-node runs at once, try 1: node1 " in out
-    # Its figure (what a figure carries: tests/test_plots.py).
+    # Its figure (what a figure carries: tests/unit/test_plots.py).
     assert f"plot: {d / 'bench.svg'}" in out and "lenet (horovod)" in (d / "bench.svg").read_text()
     assert not cluster.leftovers()
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from . import comm_core
-from .comm_core import comm_group, comm_cores, moving
-from .cpugroup import CpuGroup
+from lab import comm_core
+from lab.comm_core import comm_group, comm_cores, moving
+from lab.cpugroup import CpuGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 

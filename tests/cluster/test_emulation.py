@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 from edgetrain.shared import tempdirs
-
-from .comm_core import comm_group
-from .emulation import SEED, SeedMeter, measurement_steps
-from .standin import SCRATCH
-from .testbed import _alive
+from lab.comm_core import comm_group
+from lab.emulation import ROOT, SEED, SeedMeter, measurement_steps
+from lab.standin import SCRATCH
+from lab.testbed import _alive
 
 
 def test_every_node_runs_under_the_calibrated_quota(emulated, pi4):
@@ -114,7 +113,7 @@ def test_one_emulated_node_trains_at_the_calibrated_rate(emulated, pi4, report):
         watcher.start()
         try:
             before, start = emulated.cpu_stat()[n.name], time.monotonic()
-            cmd = f"cd {shlex.quote(str(SEED.parents[2]))} && {shlex.quote(sys.executable)} {SEED} --epochs 3 --steps-per-epoch 60 --validation-images 1000"
+            cmd = f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} {SEED} --epochs 3 --steps-per-epoch 60 --validation-images 1000"
             out = emulated.ssh(n, cmd, timeout=900).stdout
             elapsed = time.monotonic() - start
             after = emulated.cpu_stat()[n.name]

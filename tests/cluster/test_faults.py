@@ -17,11 +17,11 @@ import time
 import pytest
 
 from edgetrain.controller import preflight
+from lab.testbed import run
 from tests.conftest import ROOT, descendants, edgetrain
 
 from .conftest import Cluster
 from .long_run import LEASE, NP, STEPS, LongRun, completed, cut_link, fault_cluster, gone_within, resume_completes, saved
-from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 

@@ -39,12 +39,12 @@ from edgetrain.controller import containers, images
 from edgetrain.controller.bench import evaluation_interval
 from edgetrain.shared import datasets, job_options, progress, runs
 from edgetrain.shared.jobs import get as get_job
+from lab.emulation import SEED as SCRIPT
 
 from .long_run import TEST_ACCURACY, TimedOutput, completed, epoch_lines, in_turns
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 
-SCRIPT = Path(__file__).with_name("seed_lenet.py")
 # 98%: the seed's LeNet crosses it in its first epoch at every N (98.44% at one node, where 98.5%
 # took a second epoch of 280 s): a target an epoch's random start flips would time the flip.
 TARGET = float(os.environ.get("EDGETRAIN_BENCH_TARGET", "0.98"))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .bench import allreduce_bandwidth, line_rate_mb_s
+from lab.bench import allreduce_bandwidth, line_rate_mb_s
+
 from .conftest import PROBE_IMAGE, ROOT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

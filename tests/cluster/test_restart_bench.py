@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from lab.testbed import run
+
 from .conftest import Cluster
 from .long_run import LEASE, LongRun, fault_cluster
-from .testbed import run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow, pytest.mark.bench]
 

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
+from tests.playbook import Playbook, tool
+
 from .conftest import ROOT
-from .playbook import Playbook, tool
 
 PLAYBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "playbooks").glob("*.yml"))
 

@@ -20,7 +20,7 @@ import pytest
 from edgetrain.controller import images, inventory
 from edgetrain.controller.remote import ssh_command
 from edgetrain.shared.errors import EdgetrainError
-from tests import docker_engine
+from lab import docker_engine
 from tests.conftest import edgetrain
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

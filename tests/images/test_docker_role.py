@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.playbook import Playbook, Result
+from tests.playbook import Playbook, Result
 
 ROOT = Path(__file__).resolve().parents[2]
-# The role's query, answered as the captured H100 server answers it (tests/test_gpu.py).
+# The role's query, answered as the captured H100 server answers it (tests/unit/test_gpu.py).
 SMI_ANSWER = "0, NVIDIA H100 80GB HBM3, 580.159.04"
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.")

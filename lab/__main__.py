@@ -1,0 +1,141 @@
+"""python -m lab up|emulate|cpu|bench|status|down: drive the testbed by hand (needs root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
+from .comm_core import training_share_bound
+from .emulation import DEFAULT_PERIOD_US, calibrate, machine_cores, parse_profile
+from .testbed import DEFAULT_ROOT, Testbed
+
+
+COMM_CHOICES = {"pi-core": True, "shared": False}
+COMM_HELP = ("pi-core (default): the nodes' communication threads on a Pi core's worth of CPU of their own; "
+             "shared: in the node's quota with its training (see comm_core.py)")
+
+
+ALONE_HELP = ("calibrate with no other node training beside the calibration, and let idle nodes idle "
+              "(by default idle nodes train a stand-in: emulated nodes share this machine's cores and caches)")
+
+
+def pi4(profile: str, period_us: int, comm: str = "pi-core", neighbours: int = 0):
+    """The calibrated quota for a profile (measured once per machine, then read from the cache)."""
+    try:
+        rate = parse_profile(profile)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    try:
+        return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
+                         comm=COMM_CHOICES[comm], neighbours=neighbours, log=lambda line: print(line, file=sys.stderr))
+    except RuntimeError as e:  # the search did not converge
+        raise SystemExit(str(e)) from None
+
+
+def emulate(bed: Testbed, emulation) -> None:
+    """``bed.emulate``, saying so where this machine cannot give every node its CPU at once."""
+    bed.emulate(emulation)
+    overcommitted = emulation and emulation.overcommit(len(bed.state.nodes), machine_cores())
+    if overcommitted:
+        print(f"warning: {overcommitted}", file=sys.stderr)
+
+
+def cpu_window(bed: Testbed, seconds: float) -> dict[str, dict[str, float]]:
+    """Cores each node's groups used over ``seconds``, the share of periods its quota throttled, and
+    (communication split off) at most what that communication would have taken from training on a Pi."""
+    before = bed.cpu_stat()
+    time.sleep(seconds)
+    after = bed.cpu_stat()
+    emulation = bed.state.emulation or {}
+    out = {}
+    for node, a in after.items():
+        b = before[node]
+        row = {"cores": (a["usage_ns"] - b["usage_ns"]) / 1e9 / seconds,
+               "throttled": (a["nr_throttled"] - b["nr_throttled"]) / max(1, a["nr_periods"] - b["nr_periods"])}
+        if "comm_usage_ns" in a:
+            comm = (a["comm_usage_ns"] - b["comm_usage_ns"]) / 1e9
+            row["comm_cores"] = comm / seconds
+            row["comm_throttled"] = (a["comm_nr_throttled"] - b["comm_nr_throttled"]) / max(1, a["comm_nr_periods"] - b["comm_nr_periods"])
+            if emulation.get("comm_quota_us"):
+                row["training_share_bound"] = training_share_bound(comm, seconds, emulation["comm_quota_us"] / emulation["period_us"])
+        out[node] = {k: round(v, 4) for k, v in row.items()}
+    return out
+
+
+def load(tid: str) -> Testbed:
+    """A recorded testbed, or one line naming the ones there are."""
+    if tid not in Testbed.recorded():
+        raise SystemExit(f"no testbed {tid!r} under {DEFAULT_ROOT} (recorded: {', '.join(Testbed.recorded()) or 'none'})")
+    return Testbed.load(tid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="create a testbed and print its id and inventory")
+    up.add_argument("-n", "--nodes", type=int, default=3)
+    up.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
+    up.add_argument("--docker", action="store_true", help="start a Docker engine in every node")
+    up.add_argument("--emulate", metavar="PROFILE", help="give every node a Raspberry Pi 4's CPU: pi4 (250 img/s), "
+                    "pi4-slow (150), pi4-fast (400) or pi4:IMG_PER_SEC; calibrated on this machine")
+    up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
+    up.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
+    up.add_argument("--alone", action="store_true", help=ALONE_HELP)
+    emulate = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
+    emulate.add_argument("id")
+    emulate.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
+    emulate.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
+    emulate.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
+    emulate.add_argument("--alone", action="store_true", help=ALONE_HELP)
+    down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
+    down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed whose maker has ended, "
+                      "so a running test session keeps its own)")
+    sub.add_parser("status", help="show recorded testbeds")
+    cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
+    cpu.add_argument("id")
+    cpu.add_argument("--over", type=float, default=30.0, metavar="SECONDS")
+    bench = sub.add_parser("bench", help="mpi4py allreduce bandwidth between two nodes of a provisioned testbed")
+    bench.add_argument("id")
+    bench.add_argument("--python", default=sys.executable, help="interpreter with mpi4py, on the shared filesystem")
+    bench.add_argument("--mib", type=int, nargs="+", default=[s >> 20 for s in DEFAULT_SIZES], help="message sizes")
+    args = p.parse_args(argv)
+
+    if args.cmd == "up":
+        emulation = pi4(args.emulate, args.period_us, args.comm, 0 if args.alone else args.nodes - 1) if args.emulate else None
+        bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
+        emulate(bed, emulation)
+        print(json.dumps(bed.status(), indent=2))
+    elif args.cmd == "emulate":
+        bed = load(args.id)
+        busy = 0 if args.alone else len(bed.state.nodes) - 1
+        emulate(bed, None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm, busy))
+        print(json.dumps(bed.state.emulation))
+    elif args.cmd == "down":
+        for tid in args.ids or Testbed.recorded():
+            bed = load(tid)
+            if not args.ids and bed.state.in_use:
+                print(f"kept {tid}: in use by pid {bed.state.owner_pid} (name it to remove it anyway)")
+                continue
+            bed.down()
+            print(f"removed {tid}")
+    elif args.cmd == "status":
+        print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
+        print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
+    elif args.cmd == "cpu":
+        bed = load(args.id)
+        print(json.dumps(cpu_window(bed, args.over), indent=2))
+    elif args.cmd == "bench":
+        bed = load(args.id)
+        link = f"tbf {bed.state.link_mbit} Mbit/s" if bed.state.link_mbit else "unshaped"
+        print(f"MPI_Allreduce, 2 ranks on {bed.state.nodes[0].name} and {bed.state.nodes[1].name}, UCX_TLS=tcp,self, links {link}")
+        for row in allreduce_bandwidth(bed, python=args.python, sizes=[m << 20 for m in args.mib]):
+            print(f"{row['bytes'] >> 20:6d} MiB  {row['seconds'] * 1e3:8.1f} ms  {row['mb_per_s']:6.1f} MB/s"
+                  f"  {100 * row['mb_per_s'] / line_rate_mb_s(bed):3.0f}% of {line_rate_mb_s(bed):.0f} MB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

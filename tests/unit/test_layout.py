@@ -1,0 +1,116 @@
+"""The package's layout is its architecture: edgetrain.controller runs where you type edgetrain,
+edgetrain.rank (and the public API a script imports: callbacks, ddp, gpu, optimizers, tracing) inside a rank,
+edgetrain.shared is what both use. Checked on every import a module holds, at its top or inside a
+function (a lazy import runs all the same once its function does); only an import for type
+checking (under ``if TYPE_CHECKING:``) never runs. The controller never loads rank code - nor
+TensorFlow through it -, the shared part depends on neither side, and no modules import each
+other round in a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "edgetrain"
+RANK_SIDE = ("edgetrain.rank", "edgetrain.callbacks", "edgetrain.ddp", "edgetrain.gpu", "edgetrain.optimizers", "edgetrain.tracing")
+FORBIDDEN = {
+    "controller": RANK_SIDE,
+    "shared": RANK_SIDE + ("edgetrain.controller",),
+    "rank": ("edgetrain.controller",),
+}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, (ast.Name, ast.Attribute)) and \
+        (node.test.id if isinstance(node.test, ast.Name) else node.test.attr) == "TYPE_CHECKING"
+
+
+def _walk(node: ast.AST):
+    """Every node below ``node`` (ast.walk's), less the bodies of ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if _type_checking(child):
+            for kept in child.orelse:
+                yield kept
+                yield from _walk(kept)
+            continue
+        yield child
+        yield from _walk(child)
+
+
+def imported(module: Path) -> set[str]:
+    """Dotted names a module imports, wherever the import statement is."""
+    names = set()
+    for node in _walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own, for its __init__)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Which of the package's modules each of them imports (``from a import b``: the module a.b
+    where there is one, else a)."""
+    modules = module_names()
+    return {name: {n for n in imported(path) if n in modules} - {name} for name, path in modules.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in ``graph`` (its first module again at its end), or None."""
+    state: dict[str, str] = {}  # "open" while on the path being walked, then "done"
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = "open"
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[name] = "done"
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (found := visit(name)):
+            return found
+    return None
+
+
+def test_each_side_imports_only_what_its_place_allows():
+    crossing = {}
+    for side, forbidden in FORBIDDEN.items():
+        for module in (PACKAGE / side).rglob("*.py"):
+            bad = sorted(n for n in imported(module) if n.startswith(forbidden))
+            if bad:
+                crossing[str(module.relative_to(PACKAGE))] = bad
+    assert crossing == {}
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    found = cycle(import_graph())
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_the_checks_see_an_import_inside_a_function_and_skip_one_for_type_checking(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import edgetrain.controller.launch\n"
+                      "def f():\n    from edgetrain.rank import tf_ps\n")
+    assert imported(module) == {"typing", "typing.TYPE_CHECKING", "edgetrain.rank", "edgetrain.rank.tf_ps"}
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_module_has_its_place():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "callbacks.py", "ddp.py", "gpu.py", "optimizers.py", "tracing.py"]
