@@ -272,7 +272,7 @@ class DockerRuntime(Runtime):
     def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, strategy: Strategy,
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
-        preflight.require(reports, strategy.needs)
+        preflight.require(reports, strategy.needs, strategy.loads)
         for line in preflight.skewed(reports):
             log(line)
         if program.requirements is not None:
