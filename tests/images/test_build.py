@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from edgetrain.controller import images
+from edgetrain.controller.images import image_build
 from edgetrain.controller.inventory import project_root
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -136,7 +137,7 @@ def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_im
     # The revision label of the session's image: a commit made meanwhile (the tree is shared with
     # other work) relabels an image but says nothing about whether its layers are reproducible.
     labels = images.image_labels(amd64_image.tag)
-    monkeypatch.setattr(images, "git_revision", lambda: labels["org.opencontainers.image.revision"])
+    monkeypatch.setattr(image_build, "git_revision", lambda: labels["org.opencontainers.image.revision"])
     log = tmp_path / "build.log"
     # Its own tag: a moved HEAD relabels the image, and the session's image must stay what it was.
     tag = f"{amd64_image.tag}-rebuild"
