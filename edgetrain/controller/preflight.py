@@ -211,11 +211,15 @@ def check_nodes(nodes: Nodes, plan: Placement, wanted: tuple[str, ...], inventor
 
 
 SAME_VERSIONS_FIX = "rebuild and distribute the images so every node runs the same versions"
+# torch is pinned per architecture (constraints.txt): the newest each CPU runs, so images of two
+# architectures disagree by design, and a rebuild would not make them agree.
+TORCH_VERSIONS_FIX = ("train with torch on nodes of one architecture (--group), or pin one torch for every "
+                      "architecture in constraints.txt and rebuild the images")
 
 
-def require(reports: list[NodeReport], needs: str) -> None:
+def require(reports: list[NodeReport], needs: str, loads: tuple[str, ...]) -> None:
     """Every node passed its checks, its image holds what the run's strategy ``needs``, and the
-    images hold the same versions (all by their labels)."""
+    images hold one version of each package the ranks ``loads`` (all by their labels)."""
     for r in reports:
         if r.failure:
             raise EdgetrainError(f"preflight: {r.host.name}: {r.failure.name}: {r.failure.detail}")
@@ -225,10 +229,12 @@ def require(reports: list[NodeReport], needs: str) -> None:
                              "rebuild the image (edgetrain images build --arch ARCH) and distribute it (edgetrain images distribute)")
     first = reports[0]
     for r in reports[1:]:
-        for name in images.LABELLED_PACKAGES:
+        for name in loads:
             if r.packages.get(name) != first.packages.get(name):
+                arches = {images.target_for(x.host).name for x in (first, r)}
+                fix = TORCH_VERSIONS_FIX if name == "torch" and len(arches) > 1 else SAME_VERSIONS_FIX
                 raise EdgetrainError(f"preflight: the image on {r.host.name} has {name} {r.packages.get(name) or 'missing'}, "
-                                     f"the one on {first.host.name} {first.packages.get(name) or 'missing'}", SAME_VERSIONS_FIX)
+                                     f"the one on {first.host.name} {first.packages.get(name) or 'missing'}", fix)
 
 
 @dataclass(frozen=True)

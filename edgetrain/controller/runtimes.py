@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import posixpath
 import shutil
 import signal
 import subprocess
@@ -176,6 +177,28 @@ class Runtime:
         return {}
 
 
+WORKER_MODULE = "edgetrain.rank.worker"
+
+
+def training_already(nodes: Nodes, host: Host) -> list[str]:
+    """The host-runtime runs whose ranks train on ``host`` now, whoever started them, each as
+    "run ID (N ranks, user U)": their workers' processes. A run in containers is not counted: the
+    docker runtime refuses a node with another run's container."""
+    workers: dict[str, tuple[str, str, str]] = {}  # pid -> parent pid, user, run directory
+    for line in nodes.check(host, ["ps", "-ww", "-eo", "pid=,ppid=,user=,args="], "listing processes").splitlines():
+        pid, ppid, user, *argv = line.split()
+        # A rank's worker, as Hydra starts it (mpirun's own argv holds the same words further on).
+        if argv[1:3] == ["-m", WORKER_MODULE] and "--run-dir" in argv[:-1]:
+            workers[pid] = (ppid, user, argv[argv.index("--run-dir") + 1])
+    found: dict[tuple[str, str], int] = {}
+    for ppid, user, run_dir in workers.values():
+        # A worker's own child (the program it runs) is the same rank; a container's are another runtime's.
+        if ppid not in workers and run_dir != containers.RUN_MOUNT:
+            key = (posixpath.basename(run_dir.rstrip("/")), user)
+            found[key] = found.get(key, 0) + 1
+    return [f"run {rid} ({n} rank{'s' if n > 1 else ''}, user {user})" for (rid, user), n in sorted(found.items())]
+
+
 @dataclass(kw_only=True)
 class HostRuntime(Runtime):
     """Ranks run on the hosts themselves, ``mpirun`` on this machine (the embedded default)."""
@@ -209,6 +232,9 @@ class HostRuntime(Runtime):
                     pass
         if program.requirements is not None:
             requirements.install_here(program.requirements, requirements.read(program.requirements), log)
+        for h in plan.hosts:
+            for other in training_already(nodes, h):
+                log(f"edgetrain: warning: {h.name} already trains {other}: the two runs share its cores, each slower than alone")
         return {"mpirun_exe": mpirun_exe, "required": required, "staged": staged,
                 "versions": {"python": sys.version.split()[0], "mpich": mpi.mpich_version(mpirun_exe)}}
 
@@ -272,7 +298,7 @@ class DockerRuntime(Runtime):
     def check(nodes: Nodes, plan: Placement, inventory: Inventory, program: Program, data_dir: Path | None, strategy: Strategy,
               log: Callable[[str], None]) -> dict:
         reports = preflight.check_nodes(nodes, plan, program.datasets, inventory.source)
-        preflight.require(reports, strategy.needs)
+        preflight.require(reports, strategy.needs, strategy.loads)
         for line in preflight.skewed(reports):
             log(line)
         if program.requirements is not None:

@@ -27,6 +27,9 @@ class Strategy:
     builtin_jobs: ClassVar[bool] = False  # the built-in jobs train with this strategy
     needs: ClassVar[str] = "horovod"  # what every rank imports for it: a package, as the image probe names it
     install_fix: ClassVar[str] = HOROVOD_FIX  # how to get ``needs`` where this machine's Python lacks it (an image lacking it is rebuilt)
+    # The labelled packages every rank loads (images.LABELLED_PACKAGES): one version of each on every
+    # node. The others may differ (torch is pinned per architecture, and a Horovod run loads none).
+    loads: ClassVar[tuple[str, ...]] = ("mpich", "tensorflow", "horovod")
     port_option: ClassVar[str | None] = None  # the run flag that picks its ports (config.PORT_FLAGS)
     default_port: ClassVar[int] = 0  # that option's default
     probe: ClassVar[str | None] = None  # the module `edgetrain bench` times this strategy's allreduce with; None: bench cannot
@@ -81,6 +84,7 @@ class TfMultiWorker(Strategy):
     help = "TensorFlow's MultiWorkerMirroredStrategy; TF_CONFIG written per worker"
     needs = "tensorflow"
     install_fix = "install tensorflow there"
+    loads = ("mpich", "tensorflow")
     port_option = "tf_port"
     default_port = 23456
 
@@ -100,6 +104,7 @@ class TfParameterServer(Strategy):
     help = "TensorFlow's ParameterServerStrategy: the script on the chief (rank 0), --ps parameter servers, workers on the rest"
     needs = TfMultiWorker.needs
     install_fix = TfMultiWorker.install_fix
+    loads = TfMultiWorker.loads
     port_option = TfMultiWorker.port_option
     default_port = TfMultiWorker.default_port
     default_ps = 1  # --ps
@@ -132,6 +137,7 @@ class Torch(Strategy):
     help = ("torch.distributed (DDP): every process gets what torchrun gives its workers (MASTER_ADDR, RANK, WORLD_SIZE, "
             "LOCAL_RANK, ...) and {rank}, {world_size}, {master_url}, ... in the script's arguments")
     needs = "torch"
+    loads = ("mpich", "torch")
     install_fix = "run scripts/setup with EDGETRAIN_TORCH=1 (it installs torch for the host runtime)"
     port_option = "master_port"
     default_port = 29500  # torchrun's

@@ -35,6 +35,18 @@ class Status(str, enum.Enum):
     DAMAGED = "damaged"
 
 
+_ENDED = frozenset({Status.COMPLETED, Status.FAILED, Status.INTERRUPTED})
+# Where a recorded status may go next (None: no run.json yet), checked by every write (runs.Run.update).
+# A new attempt (a resume, even of a run whose command died while STARTING or RUNNING) starts again at
+# STARTING; a launch whose containers would not start is FAILED before its attempt is recorded.
+NEXT: dict[Status | None, frozenset[Status]] = {
+    None: frozenset({Status.STARTING, Status.FAILED}),
+    Status.STARTING: frozenset({Status.STARTING, Status.RUNNING, Status.FAILED, Status.INTERRUPTED}),
+    Status.RUNNING: frozenset({Status.STARTING, Status.FAILED} | _ENDED),
+    **{ended: frozenset({Status.STARTING, Status.FAILED}) for ended in _ENDED},
+}
+
+
 class ProgramKind(str, enum.Enum):
     JOB = "job"  # a built-in job (lenet, fashion)
     SCRIPT = "script"  # the user's own script or module

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from edgetrain.shared import checkpoints, untrusted
 from edgetrain.shared.errors import EdgetrainError, UsageError
-from edgetrain.shared.record import RunRecord, Status
+from edgetrain.shared.record import NEXT, RunRecord, Status
 from edgetrain.shared.untrusted import NUMBER
 
 
@@ -113,10 +113,13 @@ class Run:
         ``status``), atomically and durably: a reader (or a crash, a power cut, or a full disk) sees the
         old file or the new one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
         the old run.json is left as it was."""
-        if self.info_file.exists():
-            record = replace(self.record(), **changes)
-        else:
-            record = RunRecord(**{"id": self.id, **changes})
+        before = self.record() if self.info_file.exists() else None
+        if "status" in changes:
+            changes["status"] = Status(changes["status"])
+            was = before.status if before is not None else None
+            if changes["status"] not in NEXT.get(was, frozenset()):
+                raise ValueError(f"run {self.id}: status {was.value if was else 'none'} cannot become {changes['status'].value}")
+        record = replace(before, **changes) if before is not None else RunRecord(**{"id": self.id, **changes})
         data = (json.dumps(record.to_json(), indent=2, sort_keys=True, default=str) + "\n").encode()
         try:
             write_anew(self.info_file, data)

@@ -5,6 +5,8 @@ servers: test_faults, which runs them across the nodes losing a worker); failure
 
 from __future__ import annotations
 
+import re
+
 import time
 from pathlib import Path
 
@@ -129,6 +131,21 @@ def test_a_torch_ddp_script_trains_across_the_nodes_in_the_images(cluster, repor
     assert "on 4 ranks" in (cluster.runs / run_id / "rank.0.log").read_text()
     assert moved["node2"] > 1 and moved["node3"] > 1, moved  # 20 steps of DDP's gradient buckets each way
     report["torch DDP example np 4, 1 x 20 steps"] = link_mb(moved)
+    assert cluster.leftovers() == {}
+
+
+def test_a_torch_2_script_runs_unchanged_across_the_nodes_containers(cluster):
+    """tests/scripts/torch/modern_ddp.py (no backend named, scaled_dot_product_attention, bfloat16
+    autocast, weights_only loading: torch 2 throughout) on one rank per node, in the images' torch."""
+    runs_before = cluster.run_ids()
+    r = edgetrain("run", str(ROOT / "tests" / "scripts" / "torch" / "modern_ddp.py"), "--np", "3", "--strategy", "torch",
+                  "-i", cluster.inventory, env=cluster.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_id = cluster.new_run(runs_before)
+    logs = "".join((cluster.runs / run_id / f"rank.{rank}.log").read_text() for rank in range(3))
+    trained = re.findall(r"rank (\d)/3: loss ([\d.]+) -> ([\d.]+)", logs)
+    assert sorted(rank for rank, _, _ in trained) == ["0", "1", "2"], logs[-3000:]
+    assert "rank 0 loaded 6 tensors back with weights_only, the same" in logs, logs[-3000:]
     assert cluster.leftovers() == {}
 
 

@@ -346,3 +346,22 @@ def test_a_live_run_cannot_be_resumed_twice_and_a_killed_controller_takes_its_ra
                         "--runs-dir", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert run.record().status == "completed" and checkpoints.latest(run.checkpoints).epoch == done + 1
+
+
+def test_a_second_run_on_the_host_runtime_is_told_what_already_trains_there(tmp_path):
+    """Two `edgetrain run`s at once on one machine's host runtime (two users' run directories):
+    the second names the first, whose ranks it would share the cores with, and both go on."""
+    first = long_run(tmp_path / "alice")
+    try:
+        rank_pid(tmp_path / "alice", 1)
+        [busy] = runs.all_runs(tmp_path / "alice")
+        second = edgetrain("run", "lenet", "--np", "1", "--epochs", "1", "--max-steps", "2", "--runs-dir", str(tmp_path / "bob"))
+        assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+        assert re.search(rf"edgetrain: warning: \S+ already trains run {busy.id} \(2 ranks, user \w+\): the two runs share its "
+                         "cores", second.stdout), second.stdout
+        assert first.poll() is None  # the first run goes on
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    done = edgetrain("run", "lenet", "--np", "1", "--epochs", "1", "--max-steps", "2", "--runs-dir", str(tmp_path / "bob"))
+    assert done.returncode == 0 and busy.id not in done.stdout, done.stdout  # ended: no longer named

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.controller import blame, containers, inventory, placement, preflight
 from edgetrain.rank import keeper
 from edgetrain.shared import datasets, failures, runs
@@ -109,18 +110,27 @@ def test_a_node_mpiruns_ssh_cannot_reach_is_named_with_ssh_s_reason(tmp_path):
 
 def test_preflight_refuses_an_image_without_what_the_strategy_needs_then_images_that_disagree():
     """What each node's image holds comes from its labels (preflight reads them with docker image
-    inspect); a run starts only where every image holds what its strategy needs, at one version."""
-    built = {"tensorflow": "2.15.1", "horovod": "0.28.1", "mpich": "4.0.2", "torch": "1.13.1"}
+    inspect); a run starts only where every image holds what its strategy needs, and one version of
+    each package its ranks load - torch differs between the amd64 and arm64 images by design, which
+    a torch run refuses, naming the nodes, and a Horovod run does not care about."""
+    torch, horovod = STRATEGIES["torch"], STRATEGIES["horovod"]
+    built = {"tensorflow": "2.15.1", "horovod": "0.28.1", "mpich": "4.0.2", "torch": "2.9.1"}
     reports = [preflight.NodeReport(host(f"node{i}"), packages=dict(built)) for i in (1, 2, 3)]
-    preflight.require(reports, "torch")
+    preflight.require(reports, torch.needs, torch.loads)
     del reports[2].packages["torch"]  # an image built without it: its label empty
     with pytest.raises(EdgetrainError) as err:
-        preflight.require(reports, "torch")
+        preflight.require(reports, torch.needs, torch.loads)
     assert str(err.value).startswith("preflight: node3: the image has no torch, which the run's strategy needs")
-    preflight.require(reports[:2], "horovod")
+    reports[1] = replace(reports[1], host=replace(reports[1].host, arch="x86_64"))  # an amd64 node among Pis
+    reports[1].packages["torch"] = "2.13.0+cpu"
+    preflight.require(reports[:2], horovod.needs, horovod.loads)
+    with pytest.raises(EdgetrainError) as err:
+        preflight.require(reports[:2], torch.needs, torch.loads)
+    assert str(err.value).startswith("preflight: the image on node2 has torch 2.13.0+cpu, the one on node1 2.9.1"), err.value
+    assert preflight.TORCH_VERSIONS_FIX in str(err.value)
     reports[1].packages["horovod"] = "0.28.0"
     with pytest.raises(EdgetrainError) as err:
-        preflight.require(reports[:2], "torch")
+        preflight.require(reports[:2], horovod.needs, horovod.loads)
     assert str(err.value).startswith("preflight: the image on node2 has horovod 0.28.0, the one on node1 0.28.1"), err.value
     assert preflight.SAME_VERSIONS_FIX in str(err.value)
 

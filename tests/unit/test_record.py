@@ -74,3 +74,27 @@ def test_a_record_nested_too_deep_is_damaged_not_a_crash(tmp_path):
     with pytest.raises(EdgetrainError, match=f"no readable run.json \\(it nests deeper than {untrusted.MAX_DEPTH} levels\\)"):
         run.record()
     assert runs.summarize(run).status is Status.DAMAGED
+
+
+def test_a_status_goes_only_where_a_run_can_go(tmp_path):
+    """Every write of a status is checked against record.NEXT: a run completes only after it ran, an
+    ended run changes only by a new attempt, and a resume of one whose command died starts again."""
+    run = runs.create(tmp_path, "lenet")
+    for bad in (Status.RUNNING, Status.COMPLETED, Status.INTERRUPTED):
+        with pytest.raises(ValueError, match=f"status none cannot become {bad.value}"):
+            run.update(job="lenet", status=bad)
+    assert not run.info_file.exists()  # a refused write leaves nothing
+    run.update(job="lenet", status=Status.STARTING)
+    with pytest.raises(ValueError, match="status starting cannot become completed"):
+        run.update(status=Status.COMPLETED)
+    run.update(status=Status.RUNNING)
+    run.update(status="completed")  # as a string too
+    for bad in (Status.RUNNING, Status.COMPLETED, Status.INTERRUPTED):
+        with pytest.raises(ValueError, match=f"status completed cannot become {bad.value}"):
+            run.update(status=bad)
+    assert run.record().status is Status.COMPLETED
+    run.update(status=Status.STARTING)  # a resume's new attempt
+    run.update(status=Status.RUNNING)
+    run.update(status=Status.STARTING)  # a resume of a run whose command died while it ran
+    run.update(status=Status.FAILED)  # its containers would not start
+    assert run.record().status is Status.FAILED
