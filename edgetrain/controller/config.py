@@ -17,11 +17,11 @@ from edgetrain.controller.program import Program
 from edgetrain.controller import strategies
 from edgetrain.shared import runs, workdir
 from edgetrain.shared.errors import UsageError
-from edgetrain.controller.strategies import STRATEGIES, Strategy, TfMultiWorker, Torch
+from edgetrain.controller.strategies import STRATEGIES, Strategy
 from edgetrain.shared.strategies import DEFAULT
 
 # The flags that pick a strategy's ports, by the strategy's port_option, with their defaults.
-PORT_FLAGS = {"tf_port": TfMultiWorker.default_port, "master_port": Torch.default_port}
+PORT_FLAGS = {s.port_option: s.default_port for s in STRATEGIES.values() if s.port_option}
 
 
 @dataclass(frozen=True)

@@ -118,15 +118,10 @@ def test_bench_survives_a_lost_node_under_max_restarts_as_run_does(faults, repor
         trained = lambda: sorted(r for r in faults.run_ids() - job.runs_before if "-lenet-" in r)  # noqa: E731 - not the probe's run
         job.until("the 3-node run", trained, 600)
         rid = job.checkpoint(1, rid=trained()[0])
-        node3 = next(n for n in faults.bed.state.nodes if n.name == "node3")
         cut = time.monotonic()
-        run("ip", "link", "set", node3.veth, "down")
-        try:
+        with cut_link(faults, "node3"):
             job.until("restart", lambda: any("restarting on node1, node2" in line for line in job.out), 180)
             noticed = time.monotonic() - cut
-        finally:
-            run("ip", "link", "set", node3.veth, "up")
-            faults.bed.wait_ssh(node3)
         code, _, err = job.wait(600)
         out = "".join(job.out)
     assert code == 0, (out + err)[-3000:]
