@@ -7,24 +7,19 @@ its end (completed, failed, interrupted), and the runtime removes what it starte
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from edgetrain import __version__
-from edgetrain.controller import blame, containers, inventory, placement, remote, requirements, runtimes
-from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, workdir
+from edgetrain.controller import blame, inventory, monitor, placement, requirements, runtimes
+from edgetrain.shared import checkpoints, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
@@ -63,10 +58,6 @@ class Launch:
         return _with_resume(list(self.config.command), self.run.id)
 
 
-# Horovod's warning while some ranks wait in a collective that others have not reached.
-HOROVOD_STALL = "submitted to be reduced, gathered or broadcasted by subset of ranks"
-
-
 @dataclass
 class Outcome:
     run: runs.Run
@@ -75,7 +66,7 @@ class Outcome:
     last_metrics: dict = field(default_factory=dict)
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
-    lost: tuple[inventory.Host, str] | None = None  # a node the watcher saw go (its container, or the way to it), and how
+    lost: monitor.Verdict | None = None  # a node the watcher saw go (its container, or the way to it), and how
     back: inventory.Host | None = None  # a left-out node that answered again: the attempt was ended to take it back (--rejoin)
 
     @property
@@ -294,138 +285,6 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     )
 
 
-FAILED_GRACE = 30.0
-
-
-class _Watch(threading.Thread):
-    """Stops a run that can no longer finish: a node's container gone (checked every ``interval``
-    seconds), a node out of reach, or no output at all for ``hang_timeout``.
-
-    A node is out of reach when the shared connection to it failed (ssh's keepalives unanswered
-    for about 15 s) and a new connection did not answer either (the runtime's ``states``): about
-    25 s from a link going dark. Hydra's own ssh gives up after 15 s, and MPICH cannot carry on
-    without the node anyway."""
-
-    def __init__(self, launch: Launch, hang_timeout: float, interval: float = 2.0) -> None:
-        super().__init__(daemon=True)
-        self.launch, self.hang_timeout, self.interval = launch, hang_timeout, interval
-        self.last_output = time.monotonic()
-        # When rank 0 reported its failure: a job whose ranks are still there FAILED_GRACE later
-        # (they should have been ended by its MPI_Abort) is stopped.
-        self.rank_failed: float | None = None
-        self.failure: tuple[inventory.Host | None, str] | None = None
-        self.finished = threading.Event()
-        # --rejoin: the epoch rank 0 trains (its step events), the first this attempt trained, and
-        # the left-out node found back.
-        self.epoch = 0
-        self.first_epoch: int | None = None
-        self.looked_at = 0  # the epoch at whose start the left-out nodes were last looked for
-        self.back: inventory.Host | None = None
-        self.near_misses: dict[str, int] = {}  # per node: its shared connection failed, a new one answered
-        self.went_on_without: dict[str, str] = {}  # nodes lost that the run carries on without -> how
-        self.losing = threading.Lock()  # the watcher and the stream's "lost" events both say so
-        self.rounds = 0  # looks completed, each announced on ``looked``
-        self.looked = threading.Condition()
-        self.hurry = threading.Event()  # set: look again at once, not after the interval
-
-    def end(self) -> None:
-        self.finished.set()
-        self.hurry.set()
-
-    def _fail(self, host: inventory.Host | None, why: str) -> None:
-        self.failure = (host, why)
-        if host is not None:
-            # Said at once: ending the attempt (and any restart) takes a while.
-            self.launch.config.log(f"edgetrain: {host.name}: {why}; ending this attempt")
-        self.launch.runtime.stop()
-
-    def go_on_without(self, name: str, why: str) -> None:
-        """A node the run can lose was lost: said once, no longer watched, recorded with the attempt."""
-        with self.losing:
-            if name in self.went_on_without:
-                return
-            self.went_on_without[name] = why
-        self.launch.runtime.lose(next(h for h in self.launch.placement.hosts if h.name == name))
-        self.launch.config.log(f"edgetrain: {name}: {why}; the run goes on without its {self.launch.losable[name]}")
-        plan = self.launch.placement
-        gone = {r for h in plan.hosts if h.name in self.went_on_without for r in plan.ranks_on(h)}
-        if all(r in gone for r in range(plan.np) if self.launch.config.expendable(r)):
-            # The coordinator would wait for one to come back (TensorFlow: up to an hour).
-            self._fail(None, f"every rank the run could go on without was lost ({', '.join(self.went_on_without)}), "
-                             "and it cannot go on with none")
-
-    def run(self) -> None:
-        while True:
-            self.hurry.wait(self.interval)
-            if self.finished.is_set():
-                return
-            try:
-                over = self._look()
-            finally:
-                with self.looked:
-                    self.rounds += 1
-                    self.looked.notify_all()
-            if over:
-                return
-
-    def _look(self) -> bool:
-        """One look at the run; True once it is over for the watch (a verdict, or a node back)."""
-        if self.failure is not None:
-            return True  # a verdict reached on mpirun's stream (the last rank it could lose)
-        now = time.monotonic()
-        if now - self.last_output > self.hang_timeout:
-            self._fail(None, f"hang: no output from any rank for {self.hang_timeout:.0f} s (--hang-timeout)")
-            return True
-        if self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
-            self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
-            return True
-        if self._took_back():
-            return True
-        try:
-            states = self.launch.runtime.states()
-        except EdgetrainError:
-            return False
-        if self.finished.is_set():
-            return True
-        for st in states:
-            if st.alive and st.detail:
-                # A near miss: a link this slow is one hiccup from ending the run. Each is
-                # said, with how many there were: one is a hiccup, many a failing cable.
-                self.near_misses[st.host.name] = self.near_misses.get(st.host.name, 0) + 1
-                self.launch.config.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
-                                        f"({self.near_misses[st.host.name]} time(s) this attempt)")
-        losable = self.launch.losable
-        for st in states:
-            if not st.alive and st.host.name in losable:
-                self.go_on_without(st.host.name, st.detail)
-        if self.failure is not None:
-            return True  # the last rank it could lose went, here or on mpirun's stream
-        dead = next((st for st in states if not st.alive and st.host.name not in losable), None)
-        if dead is not None:
-            self._fail(dead.host, dead.detail)
-            return True
-        return False
-
-    def _took_back(self) -> bool:
-        """Once an epoch begins after one this attempt trained (and checkpointed), look for the
-        left-out nodes; one that answers and no longer runs this run's old container ends the
-        attempt, to be taken back at that checkpoint."""
-        config, excluded = self.launch.config, self.launch.attempt.excluded
-        if not (config.restarts.rejoin and excluded) or self.first_epoch is None or self.epoch <= max(self.looked_at, self.first_epoch):
-            return False
-        self.looked_at = self.epoch
-        nodes, name = self.launch.runtime.nodes, f"edgetrain-{self.launch.run.id}"
-        for host in (h for h in inventory.load(config.inventory).hosts if h.name in excluded):
-            try:
-                if nodes.answers(host) and name not in containers.leftovers(nodes, host):
-                    self.back = host
-                    self.launch.runtime.stop()
-                    return True
-            except EdgetrainError:
-                continue  # not back yet
-        return False
-
-
 def _die_with_parent() -> None:
     """In the child, before exec: end (SIGTERM) when this edgetrain dies, however it dies. Hydra
     then ends the ranks on the host runtime; on the docker runtime the ssh to the head goes, and
@@ -445,52 +304,27 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             start_new_session=True, preexec_fn=_die_with_parent)
     launch.runtime.attach(proc)
-    watch = _Watch(launch, launch.config.hang_timeout)
-    watch.start()
-    seen = _Seen()
+    watched = monitor.Monitor(launch, on_event, on_output)
+    observers = monitor.Observers.start(launch, proc)
     state, code = Status.FAILED, 1
     try:
-        _pump(launch, proc, watch, seen, on_event, on_output)
-        code = _exit_code(proc.wait(), seen, on_output)
-        if code != 0 and watch.failure is None and watch.back is None:
-            _await_dead_node(launch.runtime, watch)
-        unstarted = _unstarted(launch, watch, seen)
-        if code == 0 and unstarted and watch.failure is None:
-            watch.failure = (None, unstarted)
-        state = (Status.COMPLETED if code == 0 and watch.failure is None and watch.back is None and seen.record_error is None
-                 else Status.FAILED)
+        watched.follow(observers)
+        code = proc.wait()
+        watched.settle(code, observers)
+        state = watched.status(code)
     except KeyboardInterrupt:
         state, code = Status.INTERRUPTED, 130
         _interrupt(launch.runtime, proc, grace)
     finally:
-        cleanup = _finish(launch, proc, watch, seen, state)
-    lost = watch.failure if watch.failure is not None and watch.failure[0] is not None else None
-    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, seen.last, cleanup_errors=cleanup,
-                      lost=lost, back=watch.back)
+        cleanup = _finish(launch, proc, observers, watched, state)
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, watched.last, cleanup_errors=cleanup,
+                      lost=watched.lost, back=watched.back)
     if state == Status.FAILED:
-        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, seen.output, watch.failure, seen.reported,
+        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, watched.output, watched.verdict, watched.reported,
                                                     lambda line: launch.config.log(f"edgetrain: warning: {line}")))
-    if seen.record_error is not None:
-        raise _unrecorded(launch, outcome, seen.record_error)
+    if watched.record_error is not None:
+        raise _unrecorded(launch, outcome, watched.record_error)
     return outcome
-
-
-OUTPUT_LINES = 5000  # of mpirun's output kept in memory (a run may print without end)
-LINE_CHARS = 64 * 1024  # the longest piece of one line read at once
-
-
-@dataclass
-class _Seen:
-    """What the supervising loop saw on mpirun's stream."""
-
-    last: dict = field(default_factory=dict)  # the last epoch's event
-    # The last lines that were not events: what a failure is judged by (Hydra's words come last).
-    output: deque[str] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
-    first_step: float | None = None  # seconds from the launch to the first step's event
-    finished: bool = False  # every rank passed the final barrier
-    reported: list[failures.Failure] = field(default_factory=list)  # failures rank 0 reported on its stream
-    started: set[int] = field(default_factory=set)  # ranks whose worker said it started (its "rank" event)
-    record_error: EdgetrainError | None = None  # this machine could not record the run (a full disk)
 
 
 def _mark_running(launch: Launch) -> None:
@@ -504,88 +338,6 @@ def _mark_running(launch: Launch) -> None:
         raise _unrecorded(launch, Outcome(launch.run, 1, Status.FAILED, cleanup_errors=problems), exc) from None
 
 
-def _pump(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, on_event: Callable[[dict], None],
-          on_output: Callable[[str], None]) -> None:
-    assert proc.stdout is not None
-    # A line is read up to LINE_CHARS at a time: a program that prints without a newline is text
-    # in pieces, not a line that grows in memory without end.
-    for line in iter(lambda: proc.stdout.readline(LINE_CHARS), ""):
-        if HOROVOD_STALL not in line:  # Horovod repeats it every minute while ranks wait for each other
-            watch.last_output = time.monotonic()
-        for piece in progress.parse(line, launch.events_token):
-            if isinstance(piece, str):
-                seen.output.append(piece)
-                on_output(piece)
-            else:
-                _observe(launch, watch, seen, piece)
-                on_event(piece)
-
-
-def _observe(launch: Launch, watch: _Watch, seen: _Seen, event: dict) -> None:
-    kind = event["event"]
-    if kind == "step":
-        watch.epoch = event["epoch"]
-        watch.first_epoch = event["epoch"] if watch.first_epoch is None else watch.first_epoch
-    if kind in ("step", "keras") and seen.first_step is None:
-        seen.first_step = time.monotonic() - launch.started
-    elif kind == "epoch":
-        seen.last = event
-    elif kind == "finished":
-        seen.finished = True
-    elif kind == "rank":
-        seen.started.add(event["rank"])
-    elif kind == "lost" and event["host"] in launch.losable:
-        watch.go_on_without(event["host"], event["why"])
-    elif kind == "failed":
-        seen.reported.append(failures.from_event(event))
-        watch.rank_failed = watch.rank_failed or time.monotonic()
-    elif kind == "start" and seen.record_error is None:
-        try:
-            # The program adds the versions it found; what edgetrain recorded of itself and the runtime stands.
-            launch.run.update(versions={**event.get("versions", {}), **launch.run.record().versions})
-        except EdgetrainError as exc:
-            # This machine's disk is full: a run it cannot record is ended now, cleanly.
-            seen.record_error = exc
-            launch.runtime.stop()
-
-
-def _unstarted(launch: Launch, watch: _Watch, seen: _Seen) -> str | None:
-    """What is wrong with a run some of whose ranks never started edgetrain's worker (mpirun ran
-    something else in its place, exit status and all), apart from those on nodes it went on
-    without; None where every rank started."""
-    gone = {r for h in launch.placement.hosts if h.name in watch.went_on_without for r in launch.placement.ranks_on(h)}
-    missing = sorted(set(range(launch.placement.np)) - gone - seen.started)
-    if not missing:
-        return None
-    which = ("no rank" if len(missing) == launch.placement.np
-             else f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never")
-    return (f"mpirun exited with 0, but {which} {blame.NOT_THE_WORKER}: mpirun ran something else in its place "
-            "(look at the inventory's edgetrain_mpi_env, and at the output above)")
-
-
-def _exit_code(code: int, seen: _Seen, on_output: Callable[[str], None]) -> int:
-    if seen.finished and code != 0:
-        # The ranks passed the final barrier, yet something ended with an error after it: a run
-        # is only as good as its exit, so it fails, and says what it did get done.
-        on_output(f"every rank finished its program, but mpirun exited with {code}: the run is recorded as failed")
-    return code
-
-
-def _await_dead_node(rt: runtimes.Runtime, watch: _Watch) -> None:
-    """mpirun ended with an error: was a node lost? Hydra often ends first (its ssh connection to
-    the node closes), before Docker has recorded a container's end or while the watcher's look at
-    a node out of reach still waits on ssh (a head cut off took 33 s to be named when this asked
-    again itself, 25 s being the watcher's own time). So the watcher's verdict is awaited: two more
-    of its looks, back to back (the one under way may have begun before mpirun ended), or a lost node."""
-    if not rt.has_nodes:
-        return
-    with watch.looked:
-        start = watch.rounds
-        watch.hurry.set()
-        watch.looked.wait_for(lambda: watch.failure is not None or watch.rounds >= start + 2 or not watch.is_alive(),
-                              timeout=remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT + 2 * watch.interval)
-
-
 def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> None:
     rt.interrupt()
     try:  # if the ranks do not end in time, the session goes
@@ -595,24 +347,23 @@ def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> No
         proc.wait()
 
 
-def _finish(launch: Launch, proc: subprocess.Popen, watch: _Watch, seen: _Seen, state: Status) -> list[str]:
-    """After any end: the watcher stopped, mpirun gone, the runtime's cleanup, the end recorded
+def _finish(launch: Launch, proc: subprocess.Popen, observers: monitor.Observers, watched: monitor.Monitor,
+            state: Status) -> list[str]:
+    """After any end: mpirun gone, the observers stopped, the runtime's cleanup, the end recorded
     and the lock released. Returns the problems the cleanup met."""
-    watch.end()
-    # The watcher may be removing containers itself: let it finish before the final cleanup.
-    watch.join(timeout=120)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    observers.stop()
     cleanup = launch.runtime.finish(launch.run)
     try:
         attempts = launch.run.record().attempts
         if attempts:
-            attempts[-1].first_step_s = round(seen.first_step, 1) if seen.first_step is not None else None
-            attempts[-1].went_on_without = dict(watch.went_on_without)
+            attempts[-1].first_step_s = round(watched.first_step, 1) if watched.first_step is not None else None
+            attempts[-1].went_on_without = dict(watched.went_on_without)
         launch.run.update(status=state, ended=record.now(), returncode=proc.returncode, attempts=attempts)
     except EdgetrainError as exc:
-        seen.record_error = seen.record_error or exc
+        watched.record_error = watched.record_error or exc
     finally:
         launch.lock.release()
     return cleanup

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgetrain.controller import blame, launch, placement, runtimes
+from edgetrain.controller import blame, monitor, observers, placement, runtimes
 from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.controller import remote
 from edgetrain.controller.remote import Nodes
@@ -108,24 +108,29 @@ def test_a_fetch_takes_no_more_than_its_caps(tmp_path):
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rank.0.log"]
 
 
-def test_mpiruns_output_is_kept_in_bounded_memory():
-    lines = launch.OUTPUT_LINES * 3
-    proc = subprocess.Popen([sys.executable, "-c", f"for i in range({lines}): print('line', i)"], stdout=subprocess.PIPE, text=True)
-    seen = launch._Seen()
-    launch._pump(SimpleNamespace(events_token="0" * 16), proc, SimpleNamespace(last_output=0.0), seen, lambda e: None, lambda s: None)
+def _read(command: str) -> list:
+    """What the reader posts from ``command``'s output, to the end of its stream."""
+    proc = subprocess.Popen([sys.executable, "-c", command], stdout=subprocess.PIPE, text=True)
+    posted: list = []
+    reader = observers.Reader(proc.stdout, "0" * 16, posted.append)
+    reader.run()
     proc.wait()
-    assert len(seen.output) == launch.OUTPUT_LINES and list(seen.output)[-1] == f"line {lines - 1}"
+    assert isinstance(posted.pop(), observers.StreamEnded)
+    return posted
+
+
+def test_mpiruns_output_is_kept_in_bounded_memory():
+    lines = monitor.OUTPUT_LINES * 3
+    watched = monitor.Monitor(SimpleNamespace(), lambda event: None, lambda line: None)
+    for event in _read(f"for i in range({lines}): print('line', i)"):
+        watched.handle(event)
+    assert len(watched.output) == monitor.OUTPUT_LINES and list(watched.output)[-1] == f"line {lines - 1}"
 
 
 def test_a_line_without_end_is_read_in_bounded_pieces():
-    chars = launch.LINE_CHARS * 40
-    proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write('x' * {chars}); sys.stdout.flush()"],
-                            stdout=subprocess.PIPE, text=True)
-    seen = launch._Seen()
-    pieces = []
-    launch._pump(SimpleNamespace(events_token="0" * 16), proc, SimpleNamespace(last_output=0.0), seen, lambda e: None, pieces.append)
-    proc.wait()
-    assert sum(map(len, pieces)) == chars and max(map(len, pieces)) <= launch.LINE_CHARS
+    chars = observers.LINE_CHARS * 40
+    pieces = [event.text for event in _read(f"import sys; sys.stdout.write('x' * {chars}); sys.stdout.flush()")]
+    assert sum(map(len, pieces)) == chars and max(map(len, pieces)) <= observers.LINE_CHARS
 
 
 def test_a_rank_logs_tail_is_read_in_bounded_memory(tmp_path):

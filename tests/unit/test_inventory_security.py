@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from edgetrain.controller import inventory, launch, placement
+from edgetrain.controller import inventory, monitor, placement
 from edgetrain.shared import runs
 from edgetrain.shared.errors import EdgetrainError
 from tests.conftest import ROOT, assert_one_line_error, edgetrain, project_script
@@ -170,8 +170,8 @@ def test_a_run_whose_ranks_never_started_the_worker_is_not_completed(tmp_path):
 
 def test_a_rank_that_never_started_is_named(tmp_path):
     plan = placement.plan(inventory.load(local_inventory(tmp_path, edgetrain_slots=4)), 3, None, None)
-    seen, watch = launch._Seen(started={0, 2}), SimpleNamespace(went_on_without={})
-    assert launch._unstarted(SimpleNamespace(placement=plan), watch, seen).startswith(
-        "mpirun exited with 0, but rank 1 never started edgetrain's worker")
-    seen.started.add(1)
-    assert launch._unstarted(SimpleNamespace(placement=plan), watch, seen) is None
+    watched = monitor.Monitor(SimpleNamespace(placement=plan), lambda event: None, lambda line: None)
+    watched.started = {0, 2}
+    assert watched.unstarted().startswith("mpirun exited with 0, but rank 1 never started edgetrain's worker")
+    watched.started.add(1)
+    assert watched.unstarted() is None

@@ -3,11 +3,12 @@ next attempt (whose checks pass as the user's did), or the line that says why no
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from edgetrain.controller import config as configs
-from edgetrain.controller import launch, placement, supervisor
+from edgetrain.controller import launch, monitor, observers, placement, supervisor
 from edgetrain.controller import program as programs
 from edgetrain.controller.inventory import Inventory
 from edgetrain.shared.job_options import JobOptions
@@ -23,7 +24,7 @@ def attempt(config: configs.LaunchConfig, plan: configs.Attempt, lost: str | Non
     hosts = placement.plan(Inventory(Path("inv"), tuple(h for h in HOSTS if h.name not in plan.excluded)), plan.np)
     by_name = {h.name: h for h in HOSTS}
     outcome = launch.Outcome(SimpleNamespace(id="r1"), 1, Status.FAILED,
-                             lost=(by_name[lost], "unreachable: Connection timed out") if lost else None,
+                             lost=monitor.Verdict(by_name[lost], "unreachable: Connection timed out") if lost else None,
                              back=by_name[back] if back else None)
     return SimpleNamespace(config=config, attempt=plan, placement=hosts, run=SimpleNamespace(id="r1")), outcome
 
@@ -75,17 +76,30 @@ def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_param
     fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, runtime=runtime)
     fake.losable = launch.Launch.losable.fget(fake)
     assert fake.losable == {"node3": "worker 0 (rank 2)", "node4": "worker 1 (rank 3)"}
-    watch = launch._Watch(fake, hang_timeout=300)
+    watched = monitor.Monitor(fake, lambda event: None, lambda line: None)
+
+    def look() -> None:
+        watched.handle(observers.Looked(tuple(runtime.states()), time.monotonic()))
+
     dead.add("node3")
-    assert watch._look() is False and watch.failure is None and stopped == []
-    launch._observe(fake, watch, launch._Seen(), {"event": "lost", "host": "node3", "ranks": [2], "why": "its job ended"})
-    assert watch.went_on_without == {"node3": "container gone"} and [h.name for h in lost_hosts] == ["node3"]
+    look()
+    assert watched.watch is monitor.Watch.WATCHING and watched.verdict is None and stopped == []
+    watched.handle(observers.RankEvent({"event": "lost", "host": "node3", "ranks": [2], "why": "its job ended"}, time.monotonic()))
+    assert watched.went_on_without == {"node3": "container gone"} and [h.name for h in lost_hosts] == ["node3"]
     assert said == ["edgetrain: node3: container gone; the run goes on without its worker 0 (rank 2)"]
     dead.add("node2")
-    assert watch._look() is True and watch.failure[0].name == "node2" and stopped == [True]
+    look()
+    assert watched.watch is monitor.Watch.FAILING and watched.lost.host.name == "node2" and stopped == [True]
+    # The first verdict stands: what is seen later changes nothing, and stops nothing again.
+    watched.handle(observers.Back(HOSTS[2]))
+    look()
+    assert watched.verdict.host.name == "node2" and watched.back is None and stopped == [True]
+    assert watched.status(0) is Status.FAILED
     # Every worker lost: nothing to go on with, and the attempt ends at once rather than wait.
-    watch, stopped[:] = launch._Watch(fake, hang_timeout=300), []
+    watched, stopped[:] = monitor.Monitor(fake, lambda event: None, lambda line: None), []
     dead.discard("node2")
     dead.add("node4")
-    assert watch._look() is True and stopped == [True] and watch.failure == (None, (
+    look()
+    assert stopped == [True] and watched.verdict == (None, (
         "every rank the run could go on without was lost (node3, node4), and it cannot go on with none"))
+    assert watched.lost is None

@@ -1,0 +1,138 @@
+"""The two observers of a training attempt, each on a thread of its own, and the typed events
+they post on one queue for the attempt's monitor (edgetrain.controller.monitor), which alone
+judges them.
+
+The reader turns mpirun's stream into its text and rank 0's events; the watcher looks at the
+nodes every few seconds and, when the monitor asks, for left-out nodes that answer again. Neither
+keeps or changes anything the attempt is judged by.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import IO, Union
+
+from edgetrain.controller import containers, inventory, runtimes
+from edgetrain.shared import progress
+from edgetrain.shared.errors import EdgetrainError
+
+# Horovod's warning while some ranks wait in a collective that others have not reached.
+HOROVOD_STALL = "submitted to be reduced, gathered or broadcasted by subset of ranks"
+LINE_CHARS = 64 * 1024  # the longest piece of one line read at once
+
+
+@dataclass(frozen=True)
+class Output:
+    """A piece of mpirun's stream that is not an event (``at``: when its line was read). A stall
+    warning is not a sign of life: Horovod repeats it every minute while ranks wait for each other."""
+
+    text: str
+    at: float
+    stall: bool = False
+
+
+@dataclass(frozen=True)
+class RankEvent:
+    """One of rank 0's events (edgetrain.shared.progress.SCHEMA), or a Keras progress update."""
+
+    event: dict
+    at: float
+
+
+@dataclass(frozen=True)
+class StreamEnded:
+    """mpirun's stream closed: it has ended, or is about to."""
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One look at the nodes: each one's state, or None where the look itself failed."""
+
+    states: tuple[containers.NodeState, ...] | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Back:
+    """A left-out node answers again and runs nothing of this run."""
+
+    host: inventory.Host
+
+
+Event = Union[Output, RankEvent, StreamEnded, Looked, Back]
+
+
+class Reader(threading.Thread):
+    """Reads mpirun's stream to its end. A line is read up to LINE_CHARS at a time: a program that
+    prints without a newline is text in pieces, not a line that grows in memory without end."""
+
+    def __init__(self, stream: IO[str], token: str | None, post: Callable[[Event], None]) -> None:
+        super().__init__(daemon=True, name="edgetrain-reader")
+        self.stream, self.token, self.post = stream, token, post
+
+    def run(self) -> None:
+        try:
+            for line in iter(lambda: self.stream.readline(LINE_CHARS), ""):
+                at, stall = time.monotonic(), HOROVOD_STALL in line
+                for piece in progress.parse(line, self.token):
+                    self.post(Output(piece, at, stall) if isinstance(piece, str) else RankEvent(piece, at))
+        except (OSError, ValueError):
+            pass  # the stream was closed under it: mpirun was ended
+        finally:
+            self.post(StreamEnded())
+
+
+class Watcher(threading.Thread):
+    """Looks at the run's nodes (runtime.states) every ``interval`` seconds, at once when hurried,
+    and for the left-out nodes when asked (look_for).
+
+    A node is out of reach when the shared connection to it failed (ssh's keepalives unanswered
+    for about 15 s) and a new connection did not answer either (the runtime's ``states``): about
+    25 s from a link going dark. Hydra's own ssh gives up after 15 s, and MPICH cannot carry on
+    without the node anyway."""
+
+    def __init__(self, runtime: runtimes.Runtime, run_id: str, post: Callable[[Event], None], interval: float = 2.0) -> None:
+        super().__init__(daemon=True, name="edgetrain-watcher")
+        self.runtime, self.container, self.post, self.interval = runtime, f"edgetrain-{run_id}", post, interval
+        self._ended = threading.Event()
+        self._hurry = threading.Event()
+        self._asked: queue.SimpleQueue[tuple[inventory.Host, ...]] = queue.SimpleQueue()
+
+    def end(self) -> None:
+        self._ended.set()
+        self._hurry.set()
+
+    def hurry(self) -> None:
+        self._hurry.set()
+
+    def look_for(self, hosts: Iterable[inventory.Host]) -> None:
+        """Asked by the monitor: on the next look, whether any of ``hosts`` is back."""
+        self._asked.put(tuple(hosts))
+        self._hurry.set()
+
+    def run(self) -> None:
+        while not self._ended.is_set():
+            self._hurry.wait(self.interval)
+            self._hurry.clear()
+            if self._ended.is_set():
+                return
+            self._look_for_asked()
+            try:
+                states = tuple(self.runtime.states())
+            except EdgetrainError:
+                states = None
+            self.post(Looked(states, time.monotonic()))
+
+    def _look_for_asked(self) -> None:
+        while not self._asked.empty():
+            for host in self._asked.get():
+                try:
+                    if self.runtime.nodes.answers(host) and self.container not in containers.leftovers(self.runtime.nodes, host):
+                        self.post(Back(host))
+                        return
+                except EdgetrainError:
+                    continue  # not back yet
