@@ -14,7 +14,8 @@ script with ``--strategy torch``):
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
       slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
-      hide, over the steps it is shared by (``backward_passes_per_step``), plus the CPU the
+      hide, over the steps it is shared by (``--sync-every``; syncing weights, nothing of it hidden:
+      the average is taken between steps), plus the CPU the
       communication takes from the training (its CPU seconds over the cores one node's training
       keeps busy: on a node whose training fills its CPU, a hidden allreduce still costs its CPU).
       A band - nothing hidden and every CPU second of communicating taken from the training, all
@@ -47,7 +48,8 @@ from edgetrain.controller import inventory, launch, overlap, placement, plots, s
 from edgetrain.controller.config import Attempt
 from edgetrain.controller import strategies
 from edgetrain.controller.strategies import STRATEGIES
-from edgetrain.shared import jobs, runs
+from edgetrain.shared import job_options, jobs, runs
+from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 from edgetrain.shared.strategies import DEFAULT
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
@@ -187,21 +189,24 @@ class Prediction:
     expected: float  # from when backprop produces each gradient (half hidden without a model), its CPU paid
 
 
-def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
+def predict(step_seconds: float, ar: Allreduce, sync: Sync = EVERY_STEP,
             gradients: list[overlap.Gradient] | None = None, cores: float | None = None) -> Prediction:
     """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
-    of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
-    last of them hides any of it.
+    of communicating is in it), shared over the ``sync.sync_every`` steps between syncs; accumulating
+    gradients, only the last of them hides any of it; syncing weights, none does (the models are
+    averaged between steps).
 
     ``cores``: the CPU one node's training keeps busy (``busy_cores_of``). Where the
     training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
     the communication spends is a CPU second the training waits for, hidden allreduce or not: the
     communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
     CPU): the communication is taken to run on CPU the training leaves idle."""
-    update = step_seconds * backward_passes
+    update = step_seconds * sync.sync_every
     paid = ar.cpu_per_update(update) / cores if cores else 0.0
-    hidden = min(ar.seconds, update)
     low = update / (update + ar.per_update + paid)
+    if sync.sync_mode is SyncMode.WEIGHTS:
+        return Prediction(low, update / (update + ar.per_update), low)
+    hidden = min(ar.seconds, update)
     high = update / (update + ar.per_update - hidden)
     late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds) if gradients else ar.per_update - hidden / 2
     return Prediction(low, high, update / (update + late + paid))
@@ -289,7 +294,7 @@ class Bench:
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
         self.fp16 = req.options.fp16_allreduce
-        self.backward_passes = req.options.backward_passes_per_step
+        self.sync = job_options.sync_of(req.options.__dict__)
         self.strategy = strategies.named(req.strategy)
         if self.strategy.probe is None:
             raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
@@ -382,7 +387,7 @@ class Bench:
         if self.program.job is None:
             return self.program
         o = self.req.options
-        steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size() // o.backward_passes_per_step
+        steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
         # a steady rate at more nodes (docs/scaling.md, the fashion model).
@@ -505,7 +510,7 @@ class Bench:
         step = self.batch_size() / one
         cores = self.busy_cores()
         for n, ar in self.allreduce.items():
-            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients, cores)
+            self.predicted[n] = predict(step, ar, self.sync, self.gradients, cores)
         how = "when backprop produces each gradient" if self.gradients else "half of the allreduce hidden"
         cpu = (f"the communication's CPU taken from the training's {cores:.2f} cores" if cores
                else "the communication's CPU not counted (the one-node run did not clock its CPU)")
@@ -526,7 +531,7 @@ class Bench:
             # The allreduce as measured alone (a), against a rank's measured step at N.
             ar = self.allreduce.get(n)
             step = n * self.batch_size() / ips if ips else None
-            share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
+            share = min(1.0, ar.per_update / self.sync.sync_every / step) if ar and step else None
             guess = self.predicted.get(n)
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
@@ -538,7 +543,8 @@ class Bench:
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
-            "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
+            "target_accuracy": self.target_accuracy, "fp16": self.fp16,
+            "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
             "busy_cores": self.busy_cores(),
             "allreduce": [asdict(a) for a in self.allreduce.values()],
             "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},

@@ -10,6 +10,7 @@ import pytest
 from edgetrain.controller import bench
 from edgetrain.shared import runs
 from edgetrain.controller.program import JobOptions
+from edgetrain.shared.sync import Sync
 from tests.conftest import assert_one_line_error, edgetrain, snapshot
 
 
@@ -52,7 +53,7 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     # Without a model (a script), the estimate hides half of the allreduce.
     assert e.expected == pytest.approx(0.256 / (0.256 + 0.100 - 0.040))
     # Accumulating two batches per allreduce halves what it adds to a step.
-    assert bench.predict(64 / 250, ar, backward_passes=2).low == pytest.approx(0.256 / 0.306)
+    assert bench.predict(64 / 250, ar, Sync(2)).low == pytest.approx(0.256 / 0.306)
     # A step cannot hide an allreduce longer than itself: the excess stays exposed.
     slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)

@@ -1,0 +1,97 @@
+"""--sync-every K on real ranks (edgetrain.shared.sync): two Horovod ranks through the CLI, the
+allreduces counted in Horovod's own timeline, the weights compared rank by rank; torch's DDP the
+same way through edgetrain.ddp."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from edgetrain.shared import checkpoints, runs
+from lab.timeline import load
+from tests.conftest import ROOT, edgetrain
+
+pytestmark = pytest.mark.mpi
+
+SCRIPTS = ROOT / "tests" / "scripts"
+DIGEST = re.compile(r"^final weights sha256 ([0-9a-f]{64})$", re.M)
+STEP = re.compile(r"^step (\d+) digest ([0-9a-f]{64})$", re.M)
+
+
+def allreduces(timeline: Path) -> Counter:
+    """Collectives rank 0's Horovod ran, by the tensor's name: each ALLREDUCE activity is one."""
+    events = load(timeline)
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
+    return Counter(names.get(e.get("pid")) for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE")
+
+
+def gradient_allreduces(counted: Counter) -> Counter:
+    """Per gradient (Horovod's DistributedOptimizer names them ..._grads_<i>), how often it was allreduced."""
+    return Counter({int(m.group(1)): n for name, n in counted.items() if name and (m := re.search(r"_grads_(\d+)_0$", name))})
+
+
+def weight_syncs(counted: Counter) -> set[int]:
+    """How often each tensor of SyncWeights' grouped allreduce went (one count per tensor)."""
+    return {n for name, n in counted.items() if name and name.startswith("HorovodGroupedAllreduce_")}
+
+
+def lenet(tmp_path: Path, name: str, *options: str) -> tuple[runs.Run, Counter]:
+    root = tmp_path / name
+    timeline = tmp_path / f"{name}.timeline.json"
+    r = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "16", "--steps-per-execution", "4",
+                  "--runs-dir", str(root), *options, env={"HOROVOD_TIMELINE": str(timeline)})
+    assert r.returncode == 0, r.stderr
+    [run] = runs.all_runs(root)
+    digests = {int(p.name.split(".")[1]): DIGEST.findall(p.read_text()) for p in run.logs()}
+    assert digests[0] and digests[0] == digests[1], digests  # both ranks end on one model
+    return run, allreduces(timeline)
+
+
+def test_accumulating_k_batches_allreduces_each_gradient_once_per_k_batches(tmp_path):
+    _, every = lenet(tmp_path, "k1")
+    run, fourth = lenet(tmp_path, "k4", "--sync-every", "4")
+    # LeNet's 8 gradients, 16 steps: 16 allreduces each, then 4.
+    assert gradient_allreduces(every) == Counter({i: 16 for i in range(8)}), every
+    assert gradient_allreduces(fourth) == Counter({i: 4 for i in range(8)}), fourth
+    assert not weight_syncs(every) and not weight_syncs(fourth)
+    assert checkpoints.latest(run.checkpoints).manifest["options"]["sync_every"] == 4
+
+
+def test_syncing_weights_allreduces_no_gradient_and_the_model_once_per_k_batches(tmp_path):
+    run, counted = lenet(tmp_path, "weights", "--sync-every", "4", "--sync-mode", "weights")
+    assert not gradient_allreduces(counted), counted
+    # 16 steps: 4 syncs, none more at the validation or the epoch's end (nothing changed since step 16).
+    assert weight_syncs(counted) == {4}, counted
+    [metrics] = run.metrics()
+    assert metrics["val_accuracy"] > 0.3  # it learned (chance is 0.1)
+    # The rate is one rank's at LeNet's own batch: scaled by neither the 2 ranks nor K (after the warmup, none).
+    assert metrics["lr"] <= 0.001 + 1e-9
+
+
+def rank_steps(run: runs.Run) -> dict[int, dict[int, str]]:
+    return {int(p.name.split(".")[1]): {int(s): d for s, d in STEP.findall(p.read_text())} for p in run.logs()}
+
+
+@pytest.mark.parametrize("outer", [[], ["--outer-lr", "0.7", "--outer-momentum", "0.9"]], ids=["average", "diloco"])
+def test_syncing_weights_the_ranks_agree_after_each_sync_and_differ_between(tmp_path, outer):
+    r = edgetrain("run", str(SCRIPTS / "sync_every.py"), "--np", "2", "--runs-dir", str(tmp_path), "--", "--every", "4",
+                  "--steps", "12", *outer)
+    assert r.returncode == 0, r.stderr
+    steps = rank_steps(runs.all_runs(tmp_path)[0])
+    assert sorted(steps[0]) == sorted(steps[1]) == list(range(1, 13))
+    agree = [s for s in range(1, 13) if steps[0][s] == steps[1][s]]
+    assert agree == [4, 8, 12], agree
+    assert len(set(steps[0].values())) == 12  # every local step moved rank 0's model
+
+
+def test_accumulating_gradients_the_ranks_always_agree_and_the_model_moves_every_k(tmp_path):
+    r = edgetrain("run", str(SCRIPTS / "sync_every.py"), "--np", "2", "--runs-dir", str(tmp_path), "--", "--every", "4",
+                  "--steps", "12", "--mode", "grads")
+    assert r.returncode == 0, r.stderr
+    steps = rank_steps(runs.all_runs(tmp_path)[0])
+    assert steps[0] == steps[1]
+    moved = [s for s in range(2, 13) if steps[0][s] != steps[0][s - 1]]
+    assert moved == [4, 8, 12], moved
