@@ -29,8 +29,8 @@ def allreduces(timeline: Path) -> Counter:
 
 
 def gradient_allreduces(counted: Counter) -> Counter:
-    """Per gradient (Horovod's DistributedOptimizer names them ..._grads_<i>), how often it was allreduced."""
-    return Counter({int(m.group(1)): n for name, n in counted.items() if name and (m := re.search(r"_grads_(\d+)_0$", name))})
+    """Per gradient (Horovod's DistributedOptimizer names them ..._grads_0, ..._grads_1_0, ...), how often it was allreduced."""
+    return Counter({int(m.group(1) or 0): n for name, n in counted.items() if name and (m := re.search(r"_grads(?:_(\d+))?_0$", name))})
 
 
 def weight_syncs(counted: Counter) -> set[int]:
@@ -95,3 +95,36 @@ def test_accumulating_gradients_the_ranks_always_agree_and_the_model_moves_every
     assert steps[0] == steps[1]
     moved = [s for s in range(2, 13) if steps[0][s] != steps[0][s - 1]]
     assert moved == [4, 8, 12], moved
+
+
+RESUMED = re.compile(r"^resumed from .* \(epoch (\d+)\), weights sha256 ([0-9a-f]{64})$", re.M)
+
+
+def test_a_run_syncing_weights_checkpoints_at_a_sync_with_its_outer_momentum_and_resumes_from_it(tmp_path):
+    import tensorflow as tf
+
+    diloco = ("--sync-every", "4", "--sync-mode", "weights", "--outer-lr", "0.7", "--outer-momentum", "0.9")
+    first = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "14", *diloco, "--runs-dir", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    [run] = runs.all_runs(tmp_path)
+    [saved] = DIGEST.findall(run.log(0).read_text())
+    ckpt = checkpoints.latest(run.checkpoints)
+    assert ckpt.manifest["options"] == {"batch_size": 64, "sync_every": 4, "sync_mode": "weights", "outer_lr": 0.7,
+                                        "outer_momentum": 0.9}
+    # 14 steps: syncs at 4, 8 and 12, and the epoch's last two steps synced before its validation;
+    # the outer momentum is in the checkpoint, and not zero.
+    state = str(ckpt.path / "state")
+    momentum = [name for name, _ in tf.train.list_variables(state) if name.startswith("sync/momentum/")]
+    assert momentum and any(abs(tf.train.load_variable(state, name)).max() > 0 for name in momentum)
+
+    refused = edgetrain("run", "lenet", "--np", "2", "--epochs", "2", "--max-steps", "14", "--resume", run.id, "--runs-dir", str(tmp_path))
+    assert refused.returncode == 2 and "--outer-momentum 0.9 (asked None)" in refused.stderr, refused.stderr
+    resumed = edgetrain("run", "lenet", "--np", "2", "--epochs", "2", "--max-steps", "14", *diloco, "--resume", run.id,
+                        "--runs-dir", str(tmp_path))
+    assert resumed.returncode == 0, resumed.stderr
+    # Both ranks had rank 0's checkpointed model at the epoch's end: the resume starts from it.
+    [(epoch, restored)] = RESUMED.findall(run.log(0).read_text())
+    assert int(epoch) == 1 and restored == saved
+    digests = {int(p.name.split(".")[1]): DIGEST.findall(p.read_text()) for p in run.logs()}
+    assert digests[0][-1] == digests[1][-1] != saved
+    assert [m["epoch"] for m in run.metrics()] == [1, 2]
