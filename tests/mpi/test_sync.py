@@ -128,3 +128,52 @@ def test_a_run_syncing_weights_checkpoints_at_a_sync_with_its_outer_momentum_and
     digests = {int(p.name.split(".")[1]): DIGEST.findall(p.read_text()) for p in run.logs()}
     assert digests[0][-1] == digests[1][-1] != saved
     assert [m["epoch"] for m in run.metrics()] == [1, 2]
+
+
+TORCH_SCRIPT = str(SCRIPTS / "torch" / "sync_every.py")
+TORCH_STEP = re.compile(r"^step (\d+) digest ([0-9a-f]{64}) hooks (\d+) calls (\d+)$", re.M)
+
+
+def torch_steps(tmp_path: Path, *args: str) -> tuple[runs.Run, dict[int, dict[int, tuple[str, int, int]]]]:
+    """Per rank, per step: the parameters' digest, DDP's bucket allreduces and all_reduce calls so far."""
+    r = edgetrain("run", TORCH_SCRIPT, "--np", "2", "--strategy", "torch", "--runs-dir", str(tmp_path), "--", *args, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run] = runs.all_runs(tmp_path)
+    return run, {int(p.name.split(".")[1]): {int(s): (d, int(h), int(c)) for s, d, h, c in TORCH_STEP.findall(p.read_text())}
+                 for p in run.logs()}
+
+
+def test_torch_accumulating_k_batches_runs_ddps_allreduce_once_per_k(tmp_path):
+    _, every = torch_steps(tmp_path / "k1", "--every", "1", "--steps", "12")
+    _, fourth = torch_steps(tmp_path / "k4", "--every", "4", "--steps", "12")
+    # The tiny model is one DDP bucket: one allreduce a step, then one per 4 steps, none by hand.
+    assert [every[0][s][1:] for s in range(1, 13)] == [(s, s) for s in range(1, 13)]
+    assert [fourth[0][s][1:] for s in range(1, 13)] == [(s // 4, s // 4) for s in range(1, 13)]
+    assert fourth[0] == fourth[1]  # the ranks agree at every step
+    moved = [s for s in range(2, 13) if fourth[0][s][0] != fourth[0][s - 1][0]]
+    assert moved == [4, 8, 12], moved
+
+
+def test_torch_syncing_weights_leaves_ddp_quiet_and_averages_once_per_k(tmp_path):
+    _, steps = torch_steps(tmp_path, "--every", "4", "--mode", "weights", "--steps", "12")
+    assert [steps[0][s][1:] for s in range(1, 13)] == [(0, s // 4) for s in range(1, 13)]
+    agree = [s for s in range(1, 13) if steps[0][s][0] == steps[1][s][0]]
+    assert agree == [4, 8, 12], agree
+
+
+def test_torch_syncing_weights_with_an_outer_step_checkpoints_its_momentum_and_resumes_from_it(tmp_path):
+    import torch
+
+    diloco = ("--every", "4", "--mode", "weights", "--outer-lr", "0.7", "--outer-momentum", "0.9", "--steps", "6")
+    run, _ = torch_steps(tmp_path, *diloco, "--epochs", "1")
+    # 6 steps: a sync at 4, and the 2 after it synced by save() before the checkpoint.
+    ended = re.findall(r"^end digest (\S+)$", run.log(0).read_text(), re.M)
+    assert ended and ended == re.findall(r"^end digest (\S+)$", run.log(1).read_text(), re.M)
+    ckpt = checkpoints.latest(run.checkpoints)
+    state = torch.load(ckpt.path / "state.pt", weights_only=True)
+    assert state["sync"]["momentum"] and any(m.abs().max() > 0 for m in state["sync"]["momentum"])
+    r = edgetrain("run", TORCH_SCRIPT, "--np", "2", "--strategy", "torch", "--runs-dir", str(tmp_path), "--resume", run.id,
+                  "--", *diloco, "--epochs", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"start 1 digest {ended[0]}" in run.log(rank).read_text()
