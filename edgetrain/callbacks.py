@@ -76,8 +76,9 @@ def distributed_optimizer(optimizer, sync: Sync = EVERY_STEP, **horovod_options)
     around ``optimizer``, allreducing the average of ``sync_every`` batches' gradients per update
     (grads); or, for weights, ``optimizer`` itself, each rank updating its own model (SyncWeights
     averages them)."""
-    if sync.sync_mode is SyncMode.WEIGHTS:
+    if sync.sync_every > 1:
         _horovod()
+    if sync.sync_mode is SyncMode.WEIGHTS:
         return optimizer
     import horovod.tensorflow.keras as hvd_keras
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain.shared.errors import UsageError
-from edgetrain.shared.job_options import JobOptions
 from edgetrain.shared.learning_rate import anneal, images_per_update, scale, warmup
 from edgetrain.shared.sync import Sync, SyncMode
 
@@ -38,19 +36,6 @@ def test_accumulating_k_batches_on_n_ranks_an_update_averages_n_k_batches_and_sy
     assert images_per_update(3, 64, Sync(4, "grads")) == 3 * 4 * 64
     assert images_per_update(3, 64, Sync(4, "weights")) == 64
     assert images_per_update(3, 64) == 3 * 64  # every step: what the jobs did before --sync-every
-
-
-@pytest.mark.parametrize(("given", "message"), [
-    ({"sync_every": 0}, "--sync-every 0 must be at least 1"),
-    ({"sync_mode": "weights", "outer_lr": 0.0}, "--outer-lr 0.0 must be in (0, 2]"),
-    ({"sync_mode": "weights", "outer_momentum": 1.0}, "--outer-momentum 1.0 must be in [0, 1)"),
-    ({"outer_momentum": 0.9}, "--outer-lr and --outer-momentum are for --sync-mode weights"),
-    ({"sync_mode": "weights", "sync_every": 4, "fp16_allreduce": True}, "--fp16-allreduce compresses gradients"),
-])
-def test_the_sync_settings_are_checked_alone_and_together(given, message):
-    with pytest.raises(UsageError, match=None) as caught:
-        JobOptions(**given).check()
-    assert str(caught.value).startswith(message), caught.value
 
 
 def test_warmup_rises_linearly_from_the_base_rate_to_the_scaled_one():
