@@ -135,7 +135,7 @@ def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     train_all, test_all = datasets.load(files)
     held = None
     if args.holdout:
-        train_all, held = datasets.hold_out(train_all, args.holdout)
+        train_all, held = datasets.hold_out(train_all, args.holdout, args.holdout_split)
     train_split, val_split = datasets.shard(train_all, rank, size), datasets.shard(held if held is not None else test_all, rank, size)
     # Shards differ by at most one example: every rank must take the same number of steps, or
     # the allreduce of the shorter one would wait forever.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from typing import Annotated, Any, Optional
 
-from edgetrain.shared.datasets import TRAIN_EXAMPLES
+from edgetrain.shared.datasets import HOLDOUT_SPLIT, TRAIN_EXAMPLES, TUNED_SPLIT
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.learning_rate import WARMUP_EPOCHS
 from edgetrain.shared import sync
@@ -52,6 +52,8 @@ class Recorded:
     # Only when it differs from its default: checkpoints from before the option existed still
     # match a resume that does not give it.
     WHEN_SET = "when set"
+    # Whenever --holdout is given, its default included: which examples were held out.
+    WITH_HOLDOUT = "with --holdout"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,10 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption("holdout", int, None, "Jobs: hold out this many training examples (the same ones for every seed) as the validation "
               "set that evaluations and --target-accuracy use; the test set is then scored once, after training (test_accuracy).",
               _holdout, metavar="N", recorded=Recorded.WHEN_SET),
+    JobOption("holdout_split", int, HOLDOUT_SPLIT, f"Jobs: with --holdout, which examples: split {HOLDOUT_SPLIT} (the default) "
+              f"was drawn for reported runs and decided nothing; split {TUNED_SPLIT} is the one LeNet's schedule was tuned on "
+              "(the figures up to 2026-12-03); another number draws another.", at_least(0), metavar="S",
+              recorded=Recorded.WITH_HOLDOUT),
     JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
               recorded=Recorded.WHEN_SET),
     JobOption("sync_every", int, 1, "Jobs: the ranks talk once every K batches instead of after each (see --sync-mode); "
@@ -134,6 +140,9 @@ def _check(self) -> None:
         problem = o.check(value) if o.check is not None and value is not None else None
         if problem is not None:
             raise UsageError(f"{o.flag} {value} {problem[0]}", problem[1])
+    if self.holdout_split != HOLDOUT_SPLIT and not self.holdout:
+        raise UsageError(f"--holdout-split {self.holdout_split} picks the examples --holdout keeps apart, and none are",
+                         "add --holdout N, or drop --holdout-split")
     # The settings together: an outer step is for weights, and so is no compression of them.
     if sync_of(vars(self)).sync_mode is sync.SyncMode.WEIGHTS and self.fp16_allreduce:
         raise UsageError("--fp16-allreduce compresses gradients; --sync-mode weights averages the weights in full",
@@ -179,6 +188,7 @@ def recorded(values: dict[str, Any], job_options: dict) -> dict:
     found = {o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.ALWAYS}
     found.update(job_options)
     found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WHEN_SET and values[o.name] != o.default})
+    found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WITH_HOLDOUT and values["holdout"]})
     return found
 
 
@@ -188,8 +198,12 @@ RENAMED = {"backward_passes_per_step": "sync_every"}
 
 
 def saved(recorded_options: dict) -> dict:
-    """A checkpoint's recorded options under today's names."""
-    return {RENAMED.get(k, k): v for k, v in recorded_options.items()}
+    """A checkpoint's recorded options under today's names; one that held examples out before
+    --holdout-split existed held out split 0."""
+    found = {RENAMED.get(k, k): v for k, v in recorded_options.items()}
+    if found.get("holdout"):
+        found.setdefault("holdout_split", TUNED_SPLIT)
+    return found
 
 
 def with_job_options(command: str, parse_extra: Callable[[list[str]], dict]):

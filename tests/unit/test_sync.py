@@ -43,6 +43,16 @@ def test_a_checkpoint_from_before_sync_every_is_read_with_todays_name():
     assert job_options.saved({"batch_size": 64, "backward_passes_per_step": 2}) == {"batch_size": 64, "sync_every": 2}
 
 
+def test_a_held_out_run_records_its_split_and_one_from_before_the_option_held_out_split_0():
+    values = {**JobOptions(holdout=6000).__dict__, "epochs": 1, "batch_size": 64}
+    assert job_options.recorded(values, {}) == {"batch_size": 64, "holdout": 6000, "holdout_split": 1}
+    assert job_options.recorded({**values, "holdout": None}, {}) == {"batch_size": 64}
+    assert job_options.saved({"batch_size": 64, "holdout": 6000}) == {"batch_size": 64, "holdout": 6000, "holdout_split": 0}
+    assert job_options.saved({"batch_size": 64}) == {"batch_size": 64}
+    with pytest.raises(UsageError, match="--holdout-split 0 picks the examples --holdout keeps apart, and none are"):
+        JobOptions(holdout_split=0).check()
+
+
 @pytest.mark.parametrize("call", [
     "et.distributed_optimizer(tf.keras.optimizers.SGD(), Sync(4, 'weights'))",
     "et.distributed_optimizer(tf.keras.optimizers.SGD(), Sync(4, 'grads'))",
