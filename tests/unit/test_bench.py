@@ -54,6 +54,11 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     assert e.expected == pytest.approx(0.256 / (0.256 + 0.100 - 0.040))
     # Accumulating two batches per allreduce halves what it adds to a step.
     assert bench.predict(64 / 250, ar, Sync(2)).low == pytest.approx(0.256 / 0.306)
+    # Syncing weights every 2 steps: the same share, none of it hidden behind a step (the models are
+    # averaged between steps), so the estimate is the band's bottom and its top pays no hidden part.
+    weights = bench.predict(64 / 250, ar, Sync(2, "weights"))
+    assert weights.expected == weights.low == pytest.approx(0.512 / (0.512 + 0.100))
+    assert weights.high == pytest.approx(0.512 / (0.512 + 0.100))
     # A step cannot hide an allreduce longer than itself: the excess stays exposed.
     slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)
