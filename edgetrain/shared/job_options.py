@@ -69,6 +69,7 @@ class JobOption:
     # On the worker's command line even at its default, so a run's recorded arguments show it. The
     # others appear only when set, so that an image built before they existed still runs the rest.
     always_passed: bool = False
+    parser: Callable[[str], Any] | None = None  # the command line's own reading of a value, where not the type's
 
     @property
     def flag(self) -> str:
@@ -79,7 +80,8 @@ class JobOption:
 
         kind = self.type if self.default is not None else Optional[self.type]
         decls = (self.flag,) if self.type is bool else ()
-        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help))]
+        parsing = {"parser": self.parser} if self.parser is not None else {}
+        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help), **parsing)]
 
 
 OPTIONS: tuple[JobOption, ...] = (
@@ -110,7 +112,9 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
               recorded=Recorded.WHEN_SET),
     JobOption("sync_every", int, 1, "Jobs: the ranks talk once every K batches instead of after each (see --sync-mode); "
-              "one model-sized allreduce per K batches.", sync.CHECKS["sync_every"], metavar="K", recorded=Recorded.WHEN_SET),
+              "one model-sized allreduce per K batches. auto: the newest bench's choice (bench --sync-candidates).",
+              sync.CHECKS["sync_every"], metavar="K|auto", recorded=Recorded.WHEN_SET, parser=sync.parse_every,
+              help_in={"bench": "Jobs: the ranks talk once every K batches instead of after each (see --sync-mode)."}),
     JobOption("sync_mode", sync.SyncMode, sync.SyncMode.GRADS, "Jobs: with --sync-every K, grads: accumulate K batches' "
               "gradients per allreduce and update (the rate scales with ranks x K); weights: K local updates per rank, then "
               "the models averaged (local SGD; the rate is one rank's).", recorded=Recorded.WHEN_SET),
@@ -143,6 +147,9 @@ def _check(self) -> None:
     if self.holdout_split != HOLDOUT_SPLIT and not self.holdout:
         raise UsageError(f"--holdout-split {self.holdout_split} picks the examples --holdout keeps apart, and none are",
                          "add --holdout N, or drop --holdout-split")
+    if self.sync_every is None:
+        raise UsageError("--sync-every auto is edgetrain run's: it takes the newest bench's choice",
+                         "edgetrain bench chooses among --sync-candidates K1,K2,...")
     # The settings together: an outer step is for weights, and so is no compression of them.
     if sync_of(vars(self)).sync_mode is sync.SyncMode.WEIGHTS and self.fp16_allreduce:
         raise UsageError("--fp16-allreduce compresses gradients; --sync-mode weights averages the weights in full",

@@ -34,6 +34,19 @@ def _outer_momentum(v: float) -> tuple[str, str] | None:
     return None if 0 <= v < 1 else ("must be in [0, 1)", "0 for the plain average; DiLoCo used 0.9 with --outer-lr 0.7")
 
 
+AUTO = "auto"
+
+
+def parse_every(text: str) -> int | None:
+    """``--sync-every``'s value: a number of batches, or ``auto`` (None: the newest bench's choice, for `run` to look up)."""
+    if str(text).strip().lower() == AUTO:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of batches or {AUTO}") from None
+
+
 # Each setting's check, by its name: the problem with a value and its fix, or None. The job options
 # (edgetrain.shared.job_options) check the flags with these, and Sync its own fields.
 CHECKS = {"sync_every": _every, "outer_lr": _outer_lr, "outer_momentum": _outer_momentum}
