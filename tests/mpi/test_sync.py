@@ -71,6 +71,14 @@ def test_syncing_weights_allreduces_no_gradient_and_the_model_once_per_k_batches
     assert metrics["lr"] <= 0.001 + 1e-9
 
 
+def test_syncing_weights_every_evaluation_is_a_sync_too(tmp_path):
+    # K = 4, an evaluation every 6 steps (Keras then reports every 2): syncs after steps 4, 6 (the
+    # evaluation's), 10, 12 (the evaluation's, 2 updates after the last) and 16.
+    run, counted = lenet(tmp_path, "evals", "--sync-every", "4", "--sync-mode", "weights", "--eval-every", "6")
+    assert weight_syncs(counted) == {5}, counted
+    assert [e["step"] for e in run.evaluations()] == [6, 12, 16]
+
+
 def rank_steps(run: runs.Run) -> dict[int, dict[int, str]]:
     return {int(p.name.split(".")[1]): {int(s): d for s, d in STEP.findall(p.read_text())} for p in run.logs()}
 
