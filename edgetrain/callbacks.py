@@ -14,6 +14,11 @@ target. The built-in jobs use exactly this.
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
 
+Talking less (``edgetrain.shared.sync``, under Horovod): ``sync = Sync(sync_every=4,
+sync_mode="weights")``, ``optimizer = et.distributed_optimizer(opt, sync)`` in place of
+``hvd.DistributedOptimizer(opt)``, and ``sync_weights = et.SyncWeights(model, sync)`` first among
+the callbacks (weights mode only; ``state`` then also holds ``sync=sync_weights.state``).
+
 ``optimizer`` is the one ``compile`` is given: under Horovod, ``hvd.DistributedOptimizer(opt)``,
 not ``opt`` (Horovod's wrapper is a copy, so ``opt`` itself never trains). Build it before the
 restore: a resumed run that restored Keras' legacy SGD with momentum, unbuilt, hung in Horovod's
@@ -32,6 +37,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from edgetrain.shared import checkpoints, mpi, runs
+from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 from edgetrain.shared.progress import REPORT_S, Events, rank0_events
 
 _restored_epoch = 0
@@ -52,6 +59,101 @@ def rank_and_size() -> tuple[int, int]:
     if config:
         return int(config["task"]["index"]), len(config["cluster"]["worker"])
     return 0, 1
+
+
+def _horovod():
+    """Horovod's TensorFlow module, initialized: the one strategy whose exchange a script controls."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None or not hvd.is_initialized():
+        where = "parameter servers and MultiWorkerMirroredStrategy exchange" if "TF_CONFIG" in os.environ else "only Horovod exchanges"
+        raise EdgetrainError(f"syncing every few batches needs Horovod (hvd.init() first): {where} every step inside TensorFlow",
+                             "use --strategy horovod, or sync every step")
+    return hvd
+
+
+def distributed_optimizer(optimizer, sync: Sync = EVERY_STEP, **horovod_options):
+    """What ``compile`` is given under Horovod for ``sync``: Horovod's ``DistributedOptimizer``
+    around ``optimizer``, allreducing the average of ``sync_every`` batches' gradients per update
+    (grads); or, for weights, ``optimizer`` itself, each rank updating its own model (SyncWeights
+    averages them)."""
+    if sync.sync_every > 1:
+        _horovod()
+    if sync.sync_mode is SyncMode.WEIGHTS:
+        return optimizer
+    import horovod.tensorflow.keras as hvd_keras
+
+    # Averaged, not summed, so the accumulated update meets the rate scaled for it.
+    return hvd_keras.DistributedOptimizer(optimizer, backward_passes_per_step=sync.sync_every, average_aggregated_gradients=True,
+                                          **horovod_options)
+
+
+class SyncWeights(tf.keras.callbacks.Callback):
+    """``--sync-mode weights`` under Horovod: every ``sync_every`` local updates one grouped
+    allreduce averages the ranks' trainable weights, and so before every validation and at every
+    epoch's end (checkpoints, scores and a resume see one model). With an outer step the average is
+    not taken as is: ``anchor - average`` (the change since the last sync) is an outer gradient, and
+    ``anchor`` moves by ``outer_lr`` times it plus Nesterov momentum (DiLoCo).
+
+    Put it first among the callbacks, before Checkpoints; ``state`` holds the outer momentum, for
+    ``tf.train.Checkpoint(..., sync=this.state)`` where there is any. ``syncs`` counts the syncs."""
+
+    def __init__(self, model: tf.keras.Model, sync: Sync) -> None:
+        super().__init__()
+        if sync.sync_mode is not SyncMode.WEIGHTS:
+            raise ValueError(f"SyncWeights is for sync_mode weights, not {sync.sync_mode.value}")
+        self.hvd = _horovod()
+        self.sync_setting = sync
+        self.weights = list(model.trainable_variables)
+        self.anchor = [] if sync.plain_average else [tf.Variable(v, trainable=False) for v in self.weights]
+        self.momentum = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.weights] if sync.outer_momentum else []
+        self.state = tf.train.Checkpoint(momentum=self.momentum) if self.momentum else None
+        self.pending = 0  # local updates since the last sync
+        self.seen = 0  # steps of this epoch reported so far
+        self.syncs = 0
+
+    def on_train_begin(self, logs=None):
+        # Every rank starts (or resumes) from rank 0's model and outer momentum, its anchor.
+        self.hvd.broadcast_variables(self.weights + self.momentum, root_rank=0)
+        for anchor, v in zip(self.anchor, self.weights):
+            anchor.assign(v)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        # With steps_per_execution > 1 Keras reports every few steps: count the steps, not the calls.
+        self.pending += batch + 1 - self.seen
+        self.seen = batch + 1
+        if self.pending >= self.sync_setting.sync_every:
+            self.sync()
+
+    def on_test_begin(self, logs=None):
+        self.sync()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.sync()
+
+    def sync(self) -> None:
+        """Average the ranks' models (and take the outer step) if any rank has updated since the last sync.
+        Every rank calls it at the same steps."""
+        if not self.pending:
+            return
+        self.pending = 0
+        self.syncs += 1
+        hvd = self.hvd
+        averaged = hvd.grouped_allreduce(self.weights, op=hvd.Average, name="edgetrain.sync_weights") if hvd.size() > 1 else self.weights
+        if self.sync_setting.plain_average:
+            for v, mean in zip(self.weights, averaged):
+                v.assign(mean)
+            return
+        mu, rate = self.sync_setting.outer_momentum, self.sync_setting.outer_lr
+        for i, (v, mean, anchor) in enumerate(zip(self.weights, averaged, self.anchor)):
+            outer = anchor - mean
+            if mu:
+                self.momentum[i].assign(mu * self.momentum[i] + outer)
+                outer = outer + mu * self.momentum[i]
+            anchor.assign_sub(rate * outer)
+            v.assign(anchor)
 
 
 def events() -> Events:

@@ -16,10 +16,22 @@ manifest (written by rank 0, atomically), and ``restore()`` for ``edgetrain run 
         et.save(model, optimizer, epoch + 1, progress.last)   # rank 0 writes; every rank may call it
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
+
+Talking every K batches instead of each (``edgetrain.shared.sync``): after DistributedDataParallel,
+
+    sync = et.SyncEvery(model, optimizer, Sync(sync_every=4, sync_mode="grads"))   # or "weights"
+    start = et.restore(model, optimizer, sync)
+    ...
+            with sync.batch():                    # the forward and backward pass in it
+                loss_fn(model(x), y).backward()
+            sync.step()                           # for optimizer.step(); optimizer.zero_grad()
+        sync.flush()                              # before evaluating: every rank on one model
+        et.save(model, optimizer, epoch + 1, progress.last, sync)   # on every rank: it flushes too
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -30,6 +42,7 @@ import torch.distributed as dist
 
 from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.progress import REPORT_S, rank0_events
+from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 
 STATE = "state.pt"
 
@@ -53,10 +66,10 @@ def _module(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, sync: SyncEvery | None = None) -> int:
     """Load the checkpoint of a resumed run (rank 0 verifies its files against the manifest and
-    reads it; every rank gets rank 0's state) and return the epoch to start from; 0 when the run
-    is not a resume. Call it once the process group is up."""
+    reads it; every rank gets rank 0's state, ``sync``'s outer momentum included) and return the
+    epoch to start from; 0 when the run is not a resume. Call it once the process group is up."""
     rank, size = rank_and_size()
     found: list = [None, 0]
     source = os.environ.get("EDGETRAIN_RESUME_FROM")
@@ -73,15 +86,24 @@ def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = No
         _module(model).load_state_dict(state["model"])
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
+        if sync is not None:
+            sync.load_state_dict(state.get("sync") or {})
     return epoch
 
 
-def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch: int, metrics: dict | None = None) -> None:
-    """Rank 0 writes epoch ``epoch``'s checkpoint (model and optimizer state) atomically, with a
-    sha256 manifest that ``--resume`` and ``collect`` verify; the other ranks do nothing."""
+def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch: int, metrics: dict | None = None,
+         sync: SyncEvery | None = None) -> None:
+    """Rank 0 writes epoch ``epoch``'s checkpoint (model and optimizer state, and ``sync``'s outer
+    momentum) atomically, with a sha256 manifest that ``--resume`` and ``collect`` verify; the other
+    ranks do nothing. With ``sync`` every rank calls it: it syncs what is pending first, so the
+    checkpoint is the ranks' one model."""
+    if sync is not None:
+        sync.flush()
     if rank_and_size()[0] != 0:
         return
     state = {"model": _module(model).state_dict(), "optimizer": optimizer.state_dict() if optimizer is not None else None}
+    if sync is not None:
+        state["sync"] = sync.state_dict()
     checkpoints.write(run_dir() / "checkpoints", epoch, job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
 
 
@@ -167,3 +189,127 @@ class Progress:
             total = total.cuda()
         dist.all_reduce(total)
         return {"train_cpu_seconds": float(total.item())}
+
+
+class SyncEvery:
+    """``--sync-every`` for a torch.distributed script: each batch's forward and backward pass
+    ``with batch():``, ``step()`` for ``optimizer.step(); optimizer.zero_grad()``, ``flush()``
+    before an evaluation.
+
+    - grads: the K-1 backward passes before an update run in DDP's ``no_sync`` (no allreduce; the
+      gradients add up), the K-th allreduces their sum as DDP does every step; ``step`` divides by K
+      and updates. The rate rule: the job's rate times ranks x K x batch / its batch.
+    - weights: every backward pass in ``no_sync``, an update per batch on each rank; every K one
+      all_reduce of all parameters, flattened, averages the models (and takes the outer step,
+      ``edgetrain.shared.sync``). The rate: one rank's at its batch.
+
+    ``model`` is the DistributedDataParallel model (or, syncing weights, the module itself);
+    ``syncs`` counts the syncs."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sync: Sync = EVERY_STEP) -> None:
+        self.model, self.optimizer, self.setting = model, optimizer, sync
+        self.params = [p for p in _module(model).parameters() if p.requires_grad]
+        self.size = rank_and_size()[1] if dist.is_available() and dist.is_initialized() else 1
+        self.momentum = [torch.zeros_like(p) for p in self.params] if sync.outer_momentum else []
+        self.anchor: list[torch.Tensor] = []
+        if self.size > 1:  # every rank from rank 0's model, DDP or not
+            with torch.no_grad():
+                flat = self._flat(self.params)
+                dist.broadcast(flat, 0)
+                self._unflat(flat, self.params)
+        self._anchor()
+        self.pending = 0  # batches since the last sync
+        self.syncs = 0
+
+    def _anchor(self) -> None:
+        if not self.setting.plain_average:
+            self.anchor = [p.detach().clone() for p in self.params]
+
+    @staticmethod
+    def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+    @staticmethod
+    def _unflat(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
+        at = 0
+        for t in into:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
+
+    def batch(self):
+        """A context for one batch's forward and backward pass: DDP's ``no_sync`` (its allreduce of
+        the gradients left out: DDP decides in the forward pass) unless this batch ends an accumulation."""
+        talks = self.setting.sync_mode is SyncMode.GRADS and self.pending + 1 >= self.setting.sync_every
+        return self.model.no_sync() if not talks and hasattr(self.model, "no_sync") else contextlib.nullcontext()
+
+    def step(self) -> bool:
+        """After the batch: the update (grads: only every K batches), and whether the ranks synced."""
+        self.pending += 1
+        if self.setting.sync_mode is SyncMode.GRADS:
+            if self.pending < self.setting.sync_every:
+                return False
+            self._update(self.pending)
+            self.pending, self.syncs = 0, self.syncs + 1
+            return True
+        self._update(1)
+        if self.pending < self.setting.sync_every:
+            return False
+        self._average()
+        return True
+
+    def flush(self) -> None:
+        """Sync what is pending now (at an epoch's end, before an evaluation or a checkpoint), on
+        every rank: accumulated gradients allreduced by hand (their backward passes were quiet) and
+        applied, or the models averaged."""
+        if not self.pending:
+            return
+        if self.setting.sync_mode is SyncMode.WEIGHTS:
+            self._average()
+            return
+        with_grad = [p for p in self.params if p.grad is not None]
+        if self.size > 1 and with_grad:
+            flat = self._flat([p.grad for p in with_grad])
+            dist.all_reduce(flat)
+            self._unflat(flat / self.size, [p.grad for p in with_grad])
+        self._update(self.pending)
+        self.pending, self.syncs = 0, self.syncs + 1
+
+    def _update(self, batches: int) -> None:
+        if batches > 1:  # the average of the batches' gradients, not their sum: the rate rule's
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(batches)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    @torch.no_grad()
+    def _average(self) -> None:
+        flat = self._flat(self.params)
+        if self.size > 1:
+            dist.all_reduce(flat)
+            flat /= self.size
+        means = [torch.empty_like(p) for p in self.params]
+        self._unflat(flat, means)
+        if self.setting.plain_average:
+            for p, mean in zip(self.params, means):
+                p.copy_(mean)
+        else:
+            mu, rate = self.setting.outer_momentum, self.setting.outer_lr
+            for i, (p, mean, anchor) in enumerate(zip(self.params, means, self.anchor)):
+                outer = anchor - mean  # the outer gradient: the change since the last sync, reversed
+                if mu:
+                    self.momentum[i].mul_(mu).add_(outer)
+                    outer = outer + mu * self.momentum[i]
+                anchor.sub_(rate * outer)
+                p.copy_(anchor)
+        self.pending, self.syncs = 0, self.syncs + 1
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (taken at a sync, where the anchor is the model): the outer momentum."""
+        return {"momentum": [m.clone() for m in self.momentum]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's outer momentum, and the anchor from the model just restored."""
+        for m, saved in zip(self.momentum, state.get("momentum") or []):
+            m.copy_(saved)
+        self._anchor()

@@ -47,7 +47,11 @@ class Pair:
 
 
 def pairs(body: dict, name: str) -> list[Pair]:
-    alone = [t for t in body["trials"] if t.get("beside", 0) == 0 and t["status"] == "completed"]
+    """The bench's N-loop tries paired by seed with its one-node tries; the tries of its other
+    --sync-every candidates (bench --sync-candidates) are not the N-loop's and are left out."""
+    own = (body.get("sync_every", 1), body.get("sync_mode", "grads"))
+    alone = [t for t in body["trials"] if t.get("beside", 0) == 0 and t["status"] == "completed"
+             and (t.get("sync_every", own[0]), t.get("sync_mode", own[1])) == own]
     if any(t.get("seed") is None for t in alone):
         raise SystemExit(f"{name}: its trials name no seed (a script's bench, or one from before they recorded it)")
     ones = {t["seed"]: t for t in alone if t["nodes"] == 1}

@@ -151,7 +151,7 @@ def train(args: argparse.Namespace) -> None:
     steps = args.rank_steps or (args.steps_per_epoch or len(x) // args.batch) // hvd.size()
     judge = validation = None
     if args.holdout:
-        rest, held = datasets.hold_out(datasets.Split(x, y), args.holdout)
+        rest, held = datasets.hold_out(datasets.Split(x, y), args.holdout, args.holdout_split)
         (x, y), judge = (rest.x, rest.y), Judge(held.x, held.y, args.judge_every or steps)
     else:
         validation = (xt[:args.validation_images], yt[:args.validation_images])
@@ -190,6 +190,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=BATCH, help=f"per rank (default: {BATCH}, the recipe's)")
     p.add_argument("--holdout", type=int, default=None, help="train on the rest of the training set and judge these "
                    "examples off the clock instead of validating on the test set")
+    p.add_argument("--holdout-split", type=int, default=datasets.HOLDOUT_SPLIT, help="which examples --holdout keeps "
+                   f"apart (edgetrain run's --holdout-split; {datasets.TUNED_SPLIT}: the split the schedule was tuned on)")
     p.add_argument("--judge-every", type=int, default=None, help="with --holdout: steps of a rank between judgements "
                    "(default: each epoch's end only; the epoch's end is always judged)")
     p.add_argument("--validation-images", type=int, default=None,

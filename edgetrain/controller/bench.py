@@ -14,7 +14,8 @@ script with ``--strategy torch``):
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
       slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
-      hide, over the steps it is shared by (``backward_passes_per_step``), plus the CPU the
+      hide, over the steps it is shared by (``--sync-every``; syncing weights, nothing of it hidden:
+      the average is taken between steps), plus the CPU the
       communication takes from the training (its CPU seconds over the cores one node's training
       keeps busy: on a node whose training fills its CPU, a hidden allreduce still costs its CPU).
       A band - nothing hidden and every CPU second of communicating taken from the training, all
@@ -22,6 +23,11 @@ script with ``--strategy torch``):
       from when backprop produces each gradient (``edgetrain.controller.overlap``); for a script,
       half of the allreduce hidden. Both estimates pay the CPU. Printed, then set beside the
       measurement;
+  (s) with ``--sync-candidates K1,K2,..``, once the N-loop is done: E(N) at the largest N predicted
+      for each K in both modes (``edgetrain.shared.sync``) from (a) and (b), the best-predicted K of
+      each mode measured at that N over ``--repeat`` tries (beside the N-loop's own), and the
+      choice - the shortest median time to the target, or without one the most img/s - recorded in
+      ``bench.json`` for ``edgetrain run --sync-every auto``;
   (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
@@ -47,7 +53,8 @@ from edgetrain.controller import inventory, launch, overlap, placement, plots, s
 from edgetrain.controller.config import Attempt
 from edgetrain.controller import strategies
 from edgetrain.controller.strategies import STRATEGIES
-from edgetrain.shared import jobs, runs
+from edgetrain.shared import job_options, jobs, runs
+from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 from edgetrain.shared.strategies import DEFAULT
 from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
@@ -80,6 +87,7 @@ class BenchRequest:
     tf_port: int = configs.PORT_FLAGS["tf_port"]
     master_port: int = configs.PORT_FLAGS["master_port"]
     restarts: configs.RestartPolicy = configs.RestartPolicy()  # a training run's, as `run` takes them (the probes keep no checkpoints)
+    sync_candidates: list[int] | None = None  # (s): the K to predict, and choose from
 
 
 @dataclass
@@ -128,6 +136,48 @@ class Trial:
     # Nodes a restart left out (--max-restarts): the run ended on fewer than ``nodes``, so its
     # figures stand for no N and are left out of the medians.
     lost: dict[str, str] = field(default_factory=dict)
+    sync_every: int = 1  # how often its ranks talked, and what they sent
+    sync_mode: str = SyncMode.GRADS.value
+
+
+@dataclass(frozen=True)
+class SyncCandidate:
+    """One --sync-every setting at one N: predicted, and measured where it was among the best."""
+
+    sync_every: int
+    sync_mode: str
+    nodes: int
+    predicted: float
+    predicted_range: tuple[float, float]
+    images_per_sec: float | None = None  # the tries' median, where measured
+    seconds_to_target: float | None = None
+    runs: tuple[str, ...] = ()
+
+    @property
+    def sync(self) -> Sync:
+        return Sync(self.sync_every, self.sync_mode)
+
+
+def choose(measured: list[SyncCandidate]) -> tuple[SyncCandidate, str] | None:
+    """The candidate that reached the target soonest (median of its tries), or where none reached
+    it the one that trained the most img/s; and what decided it."""
+    timed = [c for c in measured if c.seconds_to_target is not None]
+    if timed:
+        return min(timed, key=lambda c: (c.seconds_to_target, c.sync_every)), "time to the target"
+    rated = [c for c in measured if c.images_per_sec is not None]
+    if rated:
+        return max(rated, key=lambda c: (c.images_per_sec, -c.sync_every)), "img/s (no try reached the target)"
+    return None
+
+
+def best_per_mode(candidates: list[SyncCandidate], per_mode: int = 1) -> list[SyncCandidate]:
+    """The best-predicted candidates of each mode (fewer syncs break ties): the model predicts
+    throughput, not how many images a mode needs, so each mode's best is measured."""
+    out: list[SyncCandidate] = []
+    for mode in SyncMode:
+        ranked = sorted((c for c in candidates if c.sync_mode == mode.value), key=lambda c: (-c.predicted, c.sync_every))
+        out += ranked[:per_mode]
+    return out
 
 
 @dataclass
@@ -146,7 +196,7 @@ class Point:
     reference: float | None = None  # the one-node img/s E(N) is relative to
 
 
-def parse_nodes(spec: str | None) -> list[int] | None:
+def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count") -> list[int] | None:
     """``1,2,4`` or ``1-4``."""
     if spec is None:
         return None
@@ -156,9 +206,9 @@ def parse_nodes(spec: str | None) -> list[int] | None:
             lo, sep, hi = part.partition("-")
             found += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
     except ValueError:
-        raise UsageError(f"--nodes {spec!r} is not a list of node counts", "e.g. --nodes 1,2,4 or --nodes 1-4") from None
+        raise UsageError(f"{flag} {spec!r} is not a list of {what}s", f"e.g. {flag} 1,2,4 or {flag} 1-4") from None
     if not found:
-        raise UsageError(f"--nodes {spec!r} names no node count", "e.g. --nodes 1-4")
+        raise UsageError(f"{flag} {spec!r} names no {what}", f"e.g. {flag} 1-4")
     return found
 
 
@@ -187,21 +237,24 @@ class Prediction:
     expected: float  # from when backprop produces each gradient (half hidden without a model), its CPU paid
 
 
-def predict(step_seconds: float, ar: Allreduce, backward_passes: int = 1,
+def predict(step_seconds: float, ar: Allreduce, sync: Sync = EVERY_STEP,
             gradients: list[overlap.Gradient] | None = None, cores: float | None = None) -> Prediction:
     """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
-    of communicating is in it), shared over the ``backward_passes`` steps of an update; only the
-    last of them hides any of it.
+    of communicating is in it), shared over the ``sync.sync_every`` steps between syncs; accumulating
+    gradients, only the last of them hides any of it; syncing weights, none does (the models are
+    averaged between steps).
 
     ``cores``: the CPU one node's training keeps busy (``busy_cores_of``). Where the
     training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
     the communication spends is a CPU second the training waits for, hidden allreduce or not: the
     communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
     CPU): the communication is taken to run on CPU the training leaves idle."""
-    update = step_seconds * backward_passes
+    update = step_seconds * sync.sync_every
     paid = ar.cpu_per_update(update) / cores if cores else 0.0
-    hidden = min(ar.seconds, update)
     low = update / (update + ar.per_update + paid)
+    if sync.sync_mode is SyncMode.WEIGHTS:
+        return Prediction(low, update / (update + ar.per_update), low)
+    hidden = min(ar.seconds, update)
     high = update / (update + ar.per_update - hidden)
     late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds) if gradients else ar.per_update - hidden / 2
     return Prediction(low, high, update / (update + late + paid))
@@ -289,7 +342,7 @@ class Bench:
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
         self.fp16 = req.options.fp16_allreduce
-        self.backward_passes = req.options.backward_passes_per_step
+        self.sync = job_options.sync_of(req.options.__dict__)
         self.strategy = strategies.named(req.strategy)
         if self.strategy.probe is None:
             raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
@@ -306,6 +359,11 @@ class Bench:
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
         if req.repeat < 1:
             raise UsageError(f"--repeat {req.repeat} must be at least 1")
+        if req.sync_candidates and job is None:
+            raise UsageError("--sync-candidates is for the built-in jobs: a script talks as it is written",
+                             "bench the script with its own setting, e.g. -- --sync-every 4")
+        if any(k < 1 for k in req.sync_candidates or ()):
+            raise UsageError(f"--sync-candidates {min(req.sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
         model = model_of(self.program)
         if model is None and not req.gradient_bytes:
             raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
@@ -321,6 +379,8 @@ class Bench:
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
         self.predicted: dict[int, Prediction] = {}
+        self.candidates: list[SyncCandidate] = []  # (s)
+        self.choice: dict | None = None
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
@@ -375,27 +435,31 @@ class Bench:
             out = ""
         return out + (f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else "")
 
-    def program_for(self, n: int, attempt: int = 1) -> Program:
+    def program_for(self, n: int, attempt: int = 1, sync: Sync | None = None) -> Program:
         """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
         times an epoch unless told, and seeded by the try - the same seed at every N, so each try
         compares N on one trajectory and the median is over several, not over one replayed."""
         if self.program.job is None:
             return self.program
         o = self.req.options
-        steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size() // o.backward_passes_per_step
+        steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
         # a steady rate at more nodes (docs/scaling.md, the fashion model).
         steps = min(steps, o.max_steps) if o.max_steps else steps
+        if sync is not None:
+            o = replace(o, sync_every=sync.sync_every, sync_mode=sync.sync_mode)
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
     def _seed(self, attempt: int) -> int | None:
         return self.req.options.seed + attempt - 1 if self.program.job is not None else None
 
-    def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0) -> Trial:
+    def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None) -> Trial:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
-        run, outcome, _, lost = self._launch(self.program_for(n, attempt), n, what, on)
+        if sync is not None:
+            what += f", --sync-every {sync.sync_every} {sync.sync_mode.value}"
+        run, outcome, _, lost = self._launch(self.program_for(n, attempt, sync), n, what, on)
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
@@ -410,7 +474,7 @@ class Bench:
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
                      launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
-                     self._seed(attempt), lost)
+                     self._seed(attempt), lost, *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)))
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
@@ -468,6 +532,8 @@ class Bench:
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
                                     for host, t in zip(self.left, alongside)))
                     self.save()
+        if req.sync_candidates:
+            self.choose_sync()
         points = self.points()
         body = self.save(points)
         if not any(t.status == runs.Status.COMPLETED.value for t in self.trials):
@@ -484,8 +550,67 @@ class Bench:
         """The hosts no restart has left out."""
         return [h for h in self.hosts if h.name not in self.lost]
 
-    def _trials(self, n: int, beside: int = 0) -> list[Trial]:
-        return [t for t in self.trials if t.nodes == n and t.beside == beside and not t.lost]
+    def _trials(self, n: int, beside: int = 0, sync: Sync | None = None) -> list[Trial]:
+        """The tries at ``n`` nodes (one-node ones run beside ``beside`` others) that talked as the bench's options say, or as ``sync``."""
+        sync = sync or self.sync
+        return [t for t in self.trials if t.nodes == n and t.beside == beside and not t.lost
+                and (t.sync_every, t.sync_mode) == (sync.sync_every, sync.sync_mode.value)]
+
+    # -- (s): how often to talk ---------------------------------------------------------------------
+    def predict_syncs(self, n: int) -> list[SyncCandidate]:
+        """E(n) for every candidate K in both modes, from one node's measured step and (a) at n."""
+        one = _median([t.images_per_sec for t in self._trials(1)])
+        ar = self.allreduce.get(n)
+        if one is None or ar is None:
+            return []
+        step, cores = self.batch_size() / one, self.busy_cores()
+        found = []
+        for k in sorted(set(self.req.sync_candidates or ())):
+            for mode in SyncMode:
+                if k == 1 and mode is SyncMode.WEIGHTS:
+                    continue  # averaging every step sends what an allreduce of gradients does, later
+                e = predict(step, ar, Sync(k, mode), self.gradients, cores)
+                found.append(SyncCandidate(k, mode.value, n, e.expected, (e.low, e.high)))
+        return found
+
+    def choose_sync(self) -> None:
+        """(s): predict every candidate at the largest N, measure each mode's best there, choose."""
+        log = self.req.log
+        n = max((m for m in self.nodes if m > 1 and m <= len(self.left)), default=None)
+        predicted = self.predict_syncs(n) if n is not None and 1 in self.nodes else []
+        if not predicted:
+            log("(s) no --sync-every chosen: a choice needs 1 and a larger N in --nodes, measured")
+            return
+        log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
+            f"{c.sync_every} {c.sync_mode} {c.predicted:.0%} ({c.predicted_range[0]:.0%}-{c.predicted_range[1]:.0%})" for c in predicted))
+        best = best_per_mode(predicted)
+        for attempt in range(1, self.req.repeat + 1):
+            for c in best:
+                trial = self.train(n, attempt, sync=c.sync)
+                self.trials.append(trial)
+                log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
+                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial) + f"  ({trial.run})")
+        measured = [self._measured(c, n) for c in best]
+        # The N-loop's own setting at n is a candidate too: it may be best.
+        own = next((c for c in predicted if c.sync == self.sync), None)
+        if own is not None and own not in best:
+            measured.append(self._measured(own, n))
+        self.candidates = [next((m for m in measured if m.sync == c.sync), c) for c in predicted]
+        picked = choose(measured)
+        if picked is None:
+            log(f"(s) no --sync-every chosen: no try at {n} nodes trained")
+            return
+        chosen, why = picked
+        self.choice = {"sync_every": chosen.sync_every, "sync_mode": chosen.sync_mode, "nodes": n, "by": why,
+                       "images_per_sec": chosen.images_per_sec, "seconds_to_target": chosen.seconds_to_target}
+        log(f"(s) chose --sync-every {chosen.sync_every} --sync-mode {chosen.sync_mode} on {n} nodes, by {why}: "
+            + "; ".join(f"{m.sync_every} {m.sync_mode} " + (f"{m.images_per_sec:,.0f} img/s" if m.images_per_sec else "no img/s")
+                        + (f", target at {m.seconds_to_target:.0f} s" if m.seconds_to_target is not None else "") for m in measured))
+
+    def _measured(self, c: SyncCandidate, n: int) -> SyncCandidate:
+        tries = self._trials(n, sync=c.sync)
+        return replace(c, images_per_sec=_median([t.images_per_sec for t in tries]),
+                       seconds_to_target=_median([t.seconds_to_target for t in tries]), runs=tuple(t.run for t in tries))
 
     def reference(self, n: int) -> float | None:
         """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""
@@ -505,7 +630,7 @@ class Bench:
         step = self.batch_size() / one
         cores = self.busy_cores()
         for n, ar in self.allreduce.items():
-            self.predicted[n] = predict(step, ar, self.backward_passes, self.gradients, cores)
+            self.predicted[n] = predict(step, ar, self.sync, self.gradients, cores)
         how = "when backprop produces each gradient" if self.gradients else "half of the allreduce hidden"
         cpu = (f"the communication's CPU taken from the training's {cores:.2f} cores" if cores
                else "the communication's CPU not counted (the one-node run did not clock its CPU)")
@@ -526,7 +651,7 @@ class Bench:
             # The allreduce as measured alone (a), against a rank's measured step at N.
             ar = self.allreduce.get(n)
             step = n * self.batch_size() / ips if ips else None
-            share = min(1.0, ar.per_update / self.backward_passes / step) if ar and step else None
+            share = min(1.0, ar.per_update / self.sync.sync_every / step) if ar and step else None
             guess = self.predicted.get(n)
             out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
@@ -538,12 +663,14 @@ class Bench:
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
-            "target_accuracy": self.target_accuracy, "fp16": self.fp16, "backward_passes": self.backward_passes,
+            "target_accuracy": self.target_accuracy, "fp16": self.fp16,
+            "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
             "busy_cores": self.busy_cores(),
             "allreduce": [asdict(a) for a in self.allreduce.values()],
             "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},
             "predicted_range": {n: [e.low, e.high] for n, e in self.predicted.items()},
             "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
+            "sync_candidates": [asdict(c) for c in self.candidates], "sync_choice": self.choice,
             "seconds": round(time.monotonic() - self.started, 1),
         }
         tmp = self.dir / "bench.json.tmp"
@@ -552,18 +679,36 @@ class Bench:
         return body
 
 
-def latest(root: Path, program: str, inventory: Path | None) -> dict | None:
-    """The newest finished bench of this program on this inventory, for `edgetrain run`'s advice;
-    one that is damaged is passed over."""
+def latest(root: Path, program: str, inventory: Path | None, having: str = "points") -> dict | None:
+    """The newest finished bench of this program on this inventory that holds ``having`` (its
+    points, for `edgetrain run`'s advice; its sync_choice, for ``--sync-every auto``); one that is
+    damaged is passed over."""
     want = _where(inventory)
     for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
         try:
             body = plots.read(path)
         except (OSError, ValueError):
             continue
-        if body.get("points") and body.get("inventory") == want:
+        if body.get(having) and body.get("points") and body.get("inventory") == want:
+            body.setdefault("path", str(path))
             return body
     return None
+
+
+def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path | None, log: Callable[[str], None]) -> JobOptions:
+    """``--sync-every auto`` (None) replaced by the newest bench's choice for this program on this
+    inventory, said in a line; other options are returned as they are."""
+    if options.sync_every is not None:
+        return options
+    body = latest(root, program, inventory, having="sync_choice")
+    if body is None:
+        where = f"inventory {inventory}" if inventory else "this machine"
+        raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {where} in {root} chose one",
+                         f"run edgetrain bench {program} --sync-candidates 1,2,4,8 (with the same -i), or give --sync-every K")
+    c = body["sync_choice"]
+    log(f"--sync-every auto: {c['sync_every']} --sync-mode {c['sync_mode']}, chosen by bench {Path(body['path']).parent.name} "
+        f"on {c['nodes']} nodes by {c['by']}")
+    return replace(options, sync_every=c["sync_every"], sync_mode=SyncMode(c["sync_mode"]))
 
 
 def _where(inventory: Path | None) -> str | None:
@@ -577,8 +722,15 @@ def advice(body: dict, n_hosts: int) -> str | None:
         return None
     best = max((p for n, p in by_n.items() if n < n_hosts), key=lambda p: p["images_per_sec"], default=None)
     here = by_n[n_hosts]
-    if best is not None and here["images_per_sec"] <= 1.05 * best["images_per_sec"]:
-        return (f"on {n_hosts} nodes this job trained at {here['images_per_sec']:,.0f} img/s, against "
-                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench, E({n_hosts}) = {here['efficiency']:.0%}): "
+    chosen = body.get("sync_choice") or {}
+    if chosen.get("nodes") == n_hosts and (chosen.get("images_per_sec") or 0) > here["images_per_sec"]:
+        # The best --sync-every the bench measured there: the extra nodes pay if it does.
+        rate = chosen["images_per_sec"]
+        how = f" with --sync-every {chosen['sync_every']} {chosen['sync_mode']}, E({n_hosts}) = {rate / (n_hosts * by_n[1]['images_per_sec']):.0%}"
+    else:
+        rate, how = here["images_per_sec"], f", E({n_hosts}) = {here['efficiency']:.0%}"
+    if best is not None and rate <= 1.05 * best["images_per_sec"]:
+        return (f"on {n_hosts} nodes this job trained at {rate:,.0f} img/s, against "
+                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench{how}): "
                 f"the extra nodes do not pay")
     return None

@@ -19,7 +19,7 @@ from rich.text import Text
 from edgetrain.controller import bench as benching
 from edgetrain.controller import collect as collecting
 from edgetrain.controller import containers, shipping
-from edgetrain.shared import datasets, runs
+from edgetrain.shared import datasets, jobs, runs
 from edgetrain.controller import config as configs
 from edgetrain.controller import launch, supervisor
 from edgetrain.controller import program as programs
@@ -96,6 +96,8 @@ def run(
     options: JobOptions = JobOptions(),
 ) -> None:
     """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
+    if target in jobs.JOBS:
+        options = benching.chosen_sync(options, runs_dir, target, inventory, _say)
     program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
     config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
                              master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -170,6 +172,7 @@ def bench(
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     runs_dir: RunsDirOpt = Path("runs"),
+    sync_candidates: Annotated[Optional[str], typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at the largest N for each --sync-every K (both modes), measure each mode's best there, and record the choice for run --sync-every auto, e.g. 1,2,4,8.")] = None,
     options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
@@ -178,7 +181,8 @@ def bench(
     req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
                                 int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
                                 log=_say, reference=reference, master_port=master_port,
-                                restarts=configs.RestartPolicy(max_restarts, min_nodes))
+                                restarts=configs.RestartPolicy(max_restarts, min_nodes),
+                                sync_candidates=benching.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     b = benching.Bench(req)

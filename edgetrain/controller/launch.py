@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from edgetrain import __version__
 from edgetrain.controller import blame, inventory, monitor, placement, requirements, runtimes
-from edgetrain.shared import checkpoints, lifetime, progress, record, runs, workdir
+from edgetrain.shared import checkpoints, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
@@ -140,7 +140,7 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
         # world size, as Horovod's and torch's examples do) get their rate, warmup and shards anew.
         log(f"resuming on {np} ranks from epoch {epoch}, trained on {ranks}: the learning rate, its warmup and the data "
             f"shards follow {np} ranks, and each update averages {np}/{ranks} of the images it did")
-    saved = {k: v for k, v in (manifest.get("options") or {}).items()}
+    saved = job_options.saved(manifest.get("options") or {})
     if program.job is not None and saved and saved != program.checkpoint_options:
         diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)} (asked {program.checkpoint_options.get(k)})"
                          for k in sorted(set(saved) | set(program.checkpoint_options)) if saved.get(k) != program.checkpoint_options.get(k))

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from edgetrain.shared import runs, untrusted
+from edgetrain.shared.sync import SyncMode
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 BENCH = "bench.json"
@@ -26,7 +27,12 @@ SCHEMA = untrusted.Obj(
         {k: _FIGURE for k in ("images_per_sec", "efficiency", "reference", "seconds_to_target")})))},
     {"inventory": untrusted.Maybe((str,)), "target_accuracy": _FIGURE,
      "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES),
-     "predicted_range": untrusted.MapOf(untrusted.ListOf(untrusted.NUMBER, 2), _NODES)})
+     "predicted_range": untrusted.MapOf(untrusted.ListOf(untrusted.NUMBER, 2), _NODES),
+     # What `run --sync-every auto` takes: checked here, and again as the option it becomes.
+     "sync_choice": untrusted.Maybe(untrusted.Obj(
+         {"sync_every": (int,), "nodes": (int,), "by": (str,),
+          "sync_mode": untrusted.Matches(re.compile("|".join(m.value for m in SyncMode)), "a --sync-mode")},
+         {"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE}))})
 
 
 def read(path: Path) -> dict:

@@ -3,8 +3,10 @@
 ``mpirun ... python -m edgetrain.rank.worker --module edgetrain.rank.training -- --job lenet ...``: the
 worker around it handles the rank's log, its end and its failure record, as for any user script.
 
-The contract: the learning rate is scaled by the images each update averages (ranks, accumulated
-batches, batch size against the job's; edgetrain.shared.learning_rate) and warmed up; rank 0's initial
+The contract: the learning rate is scaled by the images each update averages (ranks and accumulated
+batches, or with --sync-mode weights the rank's own batch, against the job's batch;
+edgetrain.shared.learning_rate) and warmed up; the ranks talk every --sync-every batches
+(edgetrain.shared.sync); rank 0's initial
 state is broadcast; each rank reads only its own shard; steps per epoch shrink with the number of
 ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
 manifest) and metrics, through the public callbacks API (``edgetrain.callbacks``).
@@ -34,6 +36,7 @@ from edgetrain import callbacks as et  # noqa: E402
 from edgetrain.shared import datasets, job_options, learning_rate  # noqa: E402
 from edgetrain import gpu, tracing  # noqa: E402
 from edgetrain.shared.jobs import get as get_job  # noqa: E402
+from edgetrain.shared.sync import Sync, SyncMode  # noqa: E402
 
 EVAL_BATCH = 512
 
@@ -62,12 +65,15 @@ def train(args: argparse.Namespace) -> dict:
     job = spec.load()
     data = _shards(spec, rank, size, args)
     net = _model(job, {**spec.options, **args.options}, data.train)
+    sync = job_options.sync_of(vars(args))
     # Linearly by default: for LeNet's Adam the square root, the rule often given for Adam, needed
     # as many or more images to reach its target accuracy (docs/scaling.md).
-    peak = learning_rate.scale(size, args.backward_passes_per_step, args.batch_size, spec.batch_size, args.lr_scaling)
+    peak = learning_rate.scale(size, args.batch_size, spec.batch_size, args.lr_scaling, sync)
     lr = job.BASE_LR * peak
-    opt = _compiled(net, job.optimizer(lr), data, args)
-    state = tf.train.Checkpoint(model=net, optimizer=opt)
+    opt = _compiled(net, job.optimizer(lr), data, args, sync)
+    sync_weights = et.SyncWeights(net, sync) if sync.sync_mode is SyncMode.WEIGHTS else None
+    outer = {"sync": sync_weights.state} if sync_weights is not None and sync_weights.state is not None else {}
+    state = tf.train.Checkpoint(model=net, optimizer=opt, **outer)
 
     initial_epoch = et.restore(state)
     if initial_epoch and rank == 0:
@@ -76,7 +82,7 @@ def train(args: argparse.Namespace) -> dict:
     hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
 
     train_ds, val_ds = _datasets(job, data, args, rank)
-    progress, callbacks = _callbacks(job, state, data, val_ds, args, lr, peak, rank)
+    progress, callbacks = _callbacks(job, state, data, val_ds, args, lr, peak, rank, sync_weights)
     net.fit(
         train_ds,
         steps_per_epoch=data.steps,
@@ -129,7 +135,7 @@ def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     train_all, test_all = datasets.load(files)
     held = None
     if args.holdout:
-        train_all, held = datasets.hold_out(train_all, args.holdout)
+        train_all, held = datasets.hold_out(train_all, args.holdout, args.holdout_split)
     train_split, val_split = datasets.shard(train_all, rank, size), datasets.shard(held if held is not None else test_all, rank, size)
     # Shards differ by at most one example: every rank must take the same number of steps, or
     # the allreduce of the shorter one would wait forever.
@@ -154,20 +160,19 @@ def _model(job, options: dict, train_split: datasets.Split):
     return net
 
 
-def _compiled(net, optimizer, data: _Data, args: argparse.Namespace):
-    """The model compiled with Horovod's optimizer around ``optimizer``, built and traced once."""
-    # Accumulated gradients are averaged, not summed, so that the scaled rate is the one they meet.
-    opt = hvd.DistributedOptimizer(
-        optimizer,
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=args.backward_passes_per_step,
-        average_aggregated_gradients=True,
-    )
-    tracing.allreduce_without_autograph(opt)
+def _compiled(net, optimizer, data: _Data, args: argparse.Namespace, sync: Sync):
+    """The model compiled with Horovod's optimizer around ``optimizer`` (or, syncing weights, with
+    ``optimizer`` itself), built and traced once."""
+    opt = et.distributed_optimizer(optimizer, sync, compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+    if opt is not optimizer:
+        tracing.allreduce_without_autograph(opt)
     # Several steps per call of the compiled function: Python's cost per step (Keras' loop, callbacks)
     # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling.md).
-    # Keras reports (and evaluations can happen) only between executions: they must divide --eval-every.
-    per_call = math.gcd(args.steps_per_execution, args.eval_every) if args.eval_every else args.steps_per_execution
+    # Keras reports (and evaluations and weight syncs can happen) only between executions: they must
+    # divide --eval-every, and --sync-every when weights are synced.
+    per_call = args.steps_per_execution
+    for every in (args.eval_every, sync.sync_every if sync.sync_mode is SyncMode.WEIGHTS else None):
+        per_call = math.gcd(per_call, every) if every else per_call
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                 steps_per_execution=per_call)
     opt.build(net.trainable_variables)
@@ -192,7 +197,8 @@ def _datasets(job, data: _Data, args: argparse.Namespace, rank: int):
     return train_ds.prefetch(tf.data.AUTOTUNE), val_ds
 
 
-def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: float, peak: float, rank: int):
+def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: float, peak: float, rank: int,
+               sync_weights: et.SyncWeights | None):
     """The recipe's callbacks, in the order they must run, and the progress callback among them."""
     schedule = getattr(job, "lr_multiplier", lambda epoch, epochs: 1.0)
 
@@ -202,7 +208,16 @@ def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: fl
         return learning_rate.warmup(epoch, peak, args.warmup_epochs) * schedule(epoch, args.epochs)
 
     average_non_trainable = AverageNonTrainable()
+
+    def before_evaluation() -> None:
+        # An evaluation scores one model: the ranks' own are averaged first (a sync point).
+        if sync_weights is not None:
+            sync_weights.sync()
+        average_non_trainable.sync()
+
     callbacks = [
+        # First: the epoch's validation and checkpoint see the ranks' averaged model.
+        sync_weights,
         # Averages the logs in place: every callback after it sees the cluster-wide numbers.
         hvd.callbacks.MetricAverageCallback(),
         average_non_trainable,
@@ -216,7 +231,7 @@ def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: fl
     progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples)
     callbacks += [
         progress,
-        et.Evaluations(progress, val_ds, args.eval_every, before=average_non_trainable.sync) if args.eval_every else None,
+        et.Evaluations(progress, val_ds, args.eval_every, before=before_evaluation) if args.eval_every else None,
         et.Checkpoints(state, progress, extra={"options": checkpoint_options(args)}),
         tf.keras.callbacks.TensorBoard(log_dir=str(et.run_dir() / "tensorboard"), profile_batch=0) if rank == 0 else None,
     ]

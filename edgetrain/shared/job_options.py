@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, make_dataclass
 from typing import Annotated, Any, Optional
 
-from edgetrain.shared.datasets import TRAIN_EXAMPLES
+from edgetrain.shared.datasets import HOLDOUT_SPLIT, TRAIN_EXAMPLES, TUNED_SPLIT
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.learning_rate import WARMUP_EPOCHS
+from edgetrain.shared import sync
 
 # The problem with a value, and how to fix it; None: the value is fine.
 Check = Callable[[Any], "tuple[str, str | None] | None"]
@@ -51,6 +52,8 @@ class Recorded:
     # Only when it differs from its default: checkpoints from before the option existed still
     # match a resume that does not give it.
     WHEN_SET = "when set"
+    # Whenever --holdout is given, its default included: which examples were held out.
+    WITH_HOLDOUT = "with --holdout"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class JobOption:
     # On the worker's command line even at its default, so a run's recorded arguments show it. The
     # others appear only when set, so that an image built before they existed still runs the rest.
     always_passed: bool = False
+    parser: Callable[[str], Any] | None = None  # the command line's own reading of a value, where not the type's
 
     @property
     def flag(self) -> str:
@@ -76,7 +80,8 @@ class JobOption:
 
         kind = self.type if self.default is not None else Optional[self.type]
         decls = (self.flag,) if self.type is bool else ()
-        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help))]
+        parsing = {"parser": self.parser} if self.parser is not None else {}
+        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help), **parsing)]
 
 
 OPTIONS: tuple[JobOption, ...] = (
@@ -100,16 +105,30 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption("holdout", int, None, "Jobs: hold out this many training examples (the same ones for every seed) as the validation "
               "set that evaluations and --target-accuracy use; the test set is then scored once, after training (test_accuracy).",
               _holdout, metavar="N", recorded=Recorded.WHEN_SET),
+    JobOption("holdout_split", int, HOLDOUT_SPLIT, f"Jobs: with --holdout, which examples: split {HOLDOUT_SPLIT} (the default) "
+              f"was drawn for reported runs and decided nothing; split {TUNED_SPLIT} is the one LeNet's schedule was tuned on "
+              "(the figures up to 2026-12-03); another number draws another.", at_least(0), metavar="S",
+              recorded=Recorded.WITH_HOLDOUT),
     JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
               recorded=Recorded.WHEN_SET),
-    JobOption("backward_passes_per_step", int, 1, "Jobs: accumulate N batches' gradients per allreduce and update; the learning "
-              "rate scales with ranks x N.", at_least(1), metavar="N", recorded=Recorded.WHEN_SET),
+    JobOption("sync_every", int, 1, "Jobs: the ranks talk once every K batches instead of after each (see --sync-mode); "
+              "one model-sized allreduce per K batches. auto: the newest bench's choice (bench --sync-candidates).",
+              sync.CHECKS["sync_every"], metavar="K|auto", recorded=Recorded.WHEN_SET, parser=sync.parse_every,
+              help_in={"bench": "Jobs: the ranks talk once every K batches instead of after each (see --sync-mode)."}),
+    JobOption("sync_mode", sync.SyncMode, sync.SyncMode.GRADS, "Jobs: with --sync-every K, grads: accumulate K batches' "
+              "gradients per allreduce and update (the rate scales with ranks x K); weights: K local updates per rank, then "
+              "the models averaged (local SGD; the rate is one rank's).", recorded=Recorded.WHEN_SET),
+    JobOption("outer_lr", float, 1.0, "Jobs: --sync-mode weights: the outer step's rate on the change since the last sync "
+              "(1 with no momentum: the plain average).", sync.CHECKS["outer_lr"], recorded=Recorded.WHEN_SET),
+    JobOption("outer_momentum", float, 0.0, "Jobs: --sync-mode weights: the outer step's Nesterov momentum (DiLoCo: 0.9 "
+              "with --outer-lr 0.7); 0: none.", sync.CHECKS["outer_momentum"], recorded=Recorded.WHEN_SET),
     JobOption("steps_per_execution", int, 8, "Jobs: training steps per call of the compiled step function (Keras' "
               "steps_per_execution): Python's per-step cost is paid once per N.", at_least(1), metavar="N", always_passed=True),
     JobOption("tf_threads", int, None, "Jobs: TensorFlow's intra-op threads per rank (default: the node's cores divided among its "
               "ranks).", at_least(1), metavar="N"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
+SYNC_OPTIONS = ("sync_every", "sync_mode", "outer_lr", "outer_momentum")
 EXTRA_HELP = "Jobs: an option the job declares (fashion: depth=2, width=16); repeatable."
 
 
@@ -125,6 +144,21 @@ def _check(self) -> None:
         problem = o.check(value) if o.check is not None and value is not None else None
         if problem is not None:
             raise UsageError(f"{o.flag} {value} {problem[0]}", problem[1])
+    if self.holdout_split != HOLDOUT_SPLIT and not self.holdout:
+        raise UsageError(f"--holdout-split {self.holdout_split} picks the examples --holdout keeps apart, and none are",
+                         "add --holdout N, or drop --holdout-split")
+    if self.sync_every is None:
+        raise UsageError("--sync-every auto is edgetrain run's: it takes the newest bench's choice",
+                         "edgetrain bench chooses among --sync-candidates K1,K2,...")
+    # The settings together: an outer step is for weights, and so is no compression of them.
+    if sync_of(vars(self)).sync_mode is sync.SyncMode.WEIGHTS and self.fp16_allreduce:
+        raise UsageError("--fp16-allreduce compresses gradients; --sync-mode weights averages the weights in full",
+                         "drop --fp16-allreduce, or use --sync-mode grads")
+
+
+def sync_of(values: dict[str, Any]) -> sync.Sync:
+    """How often the ranks talk, from the options' values (by name)."""
+    return sync.Sync(**{name: values[name] for name in SYNC_OPTIONS})
 
 
 # The built-in jobs' options; ``extra`` holds the job's own (``-o width=8``), as its JobSpec declares them.
@@ -143,7 +177,7 @@ def argv(values: dict[str, Any]) -> list[str]:
         value = values[o.name]
         if value is None or value is False or (value == o.default and not o.always_passed):
             continue
-        out += [o.flag] if o.type is bool else [o.flag, str(value)]
+        out += [o.flag] if o.type is bool else [o.flag, str(getattr(value, "value", value))]
     return out
 
 
@@ -161,6 +195,21 @@ def recorded(values: dict[str, Any], job_options: dict) -> dict:
     found = {o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.ALWAYS}
     found.update(job_options)
     found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WHEN_SET and values[o.name] != o.default})
+    found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WITH_HOLDOUT and values["holdout"]})
+    return found
+
+
+# Options a checkpoint recorded under a name since replaced, by their names now: a resume of a run
+# from before --sync-every finds backward_passes_per_step N as --sync-every N (the same accumulation).
+RENAMED = {"backward_passes_per_step": "sync_every"}
+
+
+def saved(recorded_options: dict) -> dict:
+    """A checkpoint's recorded options under today's names; one that held examples out before
+    --holdout-split existed held out split 0."""
+    found = {RENAMED.get(k, k): v for k, v in recorded_options.items()}
+    if found.get("holdout"):
+        found.setdefault("holdout_split", TUNED_SPLIT)
     return found
 
 

@@ -29,6 +29,14 @@ def test_each_try_is_paired_with_the_one_node_try_of_its_own_bench_and_seed():
     assert found[0].efficiency == 450 / 600
 
 
+def test_a_benchs_sync_candidates_are_not_paired_as_its_own_tries():
+    candidate = {**trial(2, 42, 200, 520), "sync_every": 4, "sync_mode": "weights"}
+    b = {**body(trial(1, 42, 600, 300), trial(2, 42, 300, 450), candidate), "sync_every": 1, "sync_mode": "grads"}
+    assert [p.many["images_per_sec"] for p in pooled.pairs(b, "bench-a")] == [450]
+    # A bench from before the setting was recorded: every try is its own.
+    assert [p.many["images_per_sec"] for p in pooled.pairs(body(trial(1, 42, 600, 300), trial(2, 42, 300, 450)), "old")] == [450]
+
+
 def test_the_interval_is_students_on_the_logarithms():
     mean, lo, hi = pooled.interval([2.0, 2.0, 2.0])
     assert (mean, lo, hi) == pytest.approx((2.0, 2.0, 2.0))

@@ -121,3 +121,64 @@ def test_a_try_that_misses_the_target_says_so_in_its_line(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     [line] = [line for line in r.stdout.splitlines() if line.startswith("(c) 1 node, try 1: ")]
     assert ", 99.9% not reached" in line and "target at" not in line, line
+
+
+TWO_NODES = """\
+# This machine twice, by two names Hydra starts locally: a two-node bench on loopback.
+cluster:
+  vars:
+    edgetrain_runtime: host
+    edgetrain_iface: lo
+    edgetrain_slots: 1
+    ansible_connection: local
+    ansible_python_interpreter: "{{ ansible_playbook_python }}"
+  children:
+    head:
+      hosts:
+        localhost:
+          ansible_host: localhost
+    rpi:
+      hosts:
+        loopback:
+          ansible_host: 127.0.0.1
+"""
+
+
+def test_bench_chooses_how_often_to_sync_and_run_takes_its_choice(tmp_path):
+    """bench --sync-candidates on two local nodes: every candidate predicted, each mode's best
+    measured at N = 2 beside the N-loop, the choice kept; then run --sync-every auto takes it."""
+    inv = tmp_path / "two" / "hosts.yml"
+    inv.parent.mkdir()
+    inv.write_text(TWO_NODES)
+    root = tmp_path / "runs"
+    job = ("--epochs", "1", "--max-steps", "24", "--eval-every", "8", "--holdout", "1000", "--target-accuracy", "0.3")
+    r = edgetrain("bench", "lenet", "-i", str(inv), "--nodes", "1,2", "--repeat", "1", *job, "--sync-candidates", "1,2,4",
+                  "--runs-dir", str(root), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [bench_dir] = [p for p in root.iterdir() if "-bench-" in p.name]
+    body = json.loads((bench_dir / "bench.json").read_text())
+    kept = {(c["sync_every"], c["sync_mode"]): c for c in body["sync_candidates"]}
+    assert set(kept) == {(1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights")}
+    assert all(0 < c["predicted"] <= 1 and c["nodes"] == 2 for c in kept.values())
+    measured = {k for k, c in kept.items() if c["runs"]}
+    # Each mode's best-predicted K (the most K: fewest syncs), and the N-loop's own every-step try at N = 2.
+    assert measured == {(4, "grads"), (4, "weights"), (1, "grads")}, kept
+    for (k, mode) in measured:
+        for run_id in kept[(k, mode)]["runs"]:
+            args = runs.find(root, run_id).record().program.args
+            assert (k == 1 and "--sync-every" not in args) or (args[args.index("--sync-every") + 1] == str(k)), args
+            assert (mode == "grads" and "--sync-mode" not in args) or args[args.index("--sync-mode") + 1] == mode, args
+    choice = body["sync_choice"]
+    assert (choice["sync_every"], choice["sync_mode"]) in measured and choice["nodes"] == 2
+    # The points are the N-loop's: N = 2 has its one every-step try.
+    assert [len(p["trials"]) for p in body["points"]] == [1, 1]
+    assert f"(s) chose --sync-every {choice['sync_every']} --sync-mode {choice['sync_mode']} on 2 nodes" in r.stdout
+
+    r = edgetrain("run", "lenet", "-i", str(inv), "--np", "2", "--epochs", "1", "--max-steps", "8", "--sync-every", "auto",
+                  "--runs-dir", str(root), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"--sync-every auto: {choice['sync_every']} --sync-mode {choice['sync_mode']}, chosen by bench {bench_dir.name} "
+            f"on 2 nodes by {choice['by']}") in r.stdout
+    newest = max((run for run in runs.all_runs(root) if run.record().job == "lenet"), key=lambda run: run.id)
+    args = newest.record().program.args
+    assert args[args.index("--sync-every") + 1] == str(choice["sync_every"]) if choice["sync_every"] > 1 else "--sync-every" not in args

@@ -212,7 +212,7 @@ def test_a_held_out_validation_set_decides_the_stop_and_the_test_set_is_scored_o
 
 def test_fp16_allreduce_accumulated_batches_batch_size_and_tf_threads_train(tmp_path):
     result = edgetrain("run", "lenet", "--np", "2", "--epochs", "1", "--max-steps", "48", "--batch-size", "96", "--fp16-allreduce",
-                       "--backward-passes-per-step", "2", "--lr-scaling", "0.5", "--tf-threads", "3", "--runs-dir", str(tmp_path))
+                       "--sync-every", "2", "--lr-scaling", "0.5", "--tf-threads", "3", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     [run] = runs.all_runs(tmp_path)
     [metrics] = run.metrics()
@@ -222,7 +222,7 @@ def test_fp16_allreduce_accumulated_batches_batch_size_and_tf_threads_train(tmp_
     # when the last execution of 8 steps began, at step 40 of 48.
     assert metrics["lr"] == pytest.approx(0.001 * (2 * 2 * 96 / 64) ** 0.5 * anneal(40 / 48, 0.25, 1.0, 0.1))
     ckpt = checkpoints.latest(run.checkpoints)
-    assert ckpt.manifest["options"] == {"batch_size": 96, "fp16_allreduce": True, "backward_passes_per_step": 2}
+    assert ckpt.manifest["options"] == {"batch_size": 96, "fp16_allreduce": True, "sync_every": 2}
     # Without the option each of the 2 ranks would get 1 thread (the node's cores divided among its ranks).
     assert [("3 TF threads" in log.read_text()) for log in run.logs()] == [True, True]
     digests = final_digests(run)

@@ -4,12 +4,15 @@ machine in tests/mpi/test_bench.py, and measures for real on the testbed in test
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from edgetrain.controller import bench
 from edgetrain.shared import runs
 from edgetrain.controller.program import JobOptions
+from edgetrain.shared.errors import UsageError
+from edgetrain.shared.sync import Sync, SyncMode
 from tests.conftest import assert_one_line_error, edgetrain, snapshot
 
 
@@ -52,7 +55,12 @@ def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden(
     # Without a model (a script), the estimate hides half of the allreduce.
     assert e.expected == pytest.approx(0.256 / (0.256 + 0.100 - 0.040))
     # Accumulating two batches per allreduce halves what it adds to a step.
-    assert bench.predict(64 / 250, ar, backward_passes=2).low == pytest.approx(0.256 / 0.306)
+    assert bench.predict(64 / 250, ar, Sync(2)).low == pytest.approx(0.256 / 0.306)
+    # Syncing weights every 2 steps: the same share, none of it hidden behind a step (the models are
+    # averaged between steps), so the estimate is the band's bottom and its top pays no hidden part.
+    weights = bench.predict(64 / 250, ar, Sync(2, "weights"))
+    assert weights.expected == weights.low == pytest.approx(0.512 / (0.512 + 0.100))
+    assert weights.high == pytest.approx(0.512 / (0.512 + 0.100))
     # A step cannot hide an allreduce longer than itself: the excess stays exposed.
     slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)
@@ -235,3 +243,130 @@ def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_
         args = list(b.program_for(n).args)
         every = int(args[args.index("--eval-every") + 1])
         assert every == bench.evaluation_interval(200, JobOptions().steps_per_execution) and 200 // every >= 3, (n, every)
+
+
+def _candidate(k: int, mode: str, predicted: float, ips: float | None = None, seconds: float | None = None) -> bench.SyncCandidate:
+    return bench.SyncCandidate(k, mode, 3, predicted, (predicted - 0.1, predicted + 0.05), ips, seconds)
+
+
+def test_bench_measures_each_modes_best_predicted_k_and_chooses_by_time_to_target_then_by_img_s():
+    predicted = [_candidate(1, "grads", 0.70), _candidate(2, "grads", 0.84), _candidate(4, "grads", 0.88),
+                 _candidate(8, "grads", 0.88), _candidate(2, "weights", 0.80), _candidate(4, "weights", 0.86)]
+    # The model predicts throughput, not how many images a mode needs: each mode's best is measured
+    # (a tie goes to fewer syncs' K, the smaller).
+    assert [(c.sync_every, c.sync_mode) for c in bench.best_per_mode(predicted)] == [(4, "grads"), (4, "weights")]
+    fast_but_late = _candidate(4, "grads", 0.88, ips=900.0, seconds=120.0)
+    slow_but_soon = _candidate(4, "weights", 0.86, ips=850.0, seconds=100.0)
+    never = _candidate(1, "grads", 0.70, ips=700.0)
+    assert bench.choose([fast_but_late, slow_but_soon, never]) == (slow_but_soon, "time to the target")
+    no_target = [replace(fast_but_late, seconds_to_target=None), replace(slow_but_soon, seconds_to_target=None)]
+    assert bench.choose(no_target) == (no_target[0], "img/s (no try reached the target)")
+    assert bench.choose([replace(never, images_per_sec=None)]) is None
+
+
+def test_bench_predicts_every_candidate_k_in_both_modes_from_one_nodes_step_and_the_allreduce(tmp_path):
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4]))
+    b.nodes = [1, 2]
+    b.trials = [bench.Trial(1, "one", 250.0, None, None, "completed")]
+    ar = b.allreduce[2] = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
+                                          run="r", cycle_seconds=0.040)
+    found = b.predict_syncs(2)
+    # Weights averaged every step would send what the gradients' allreduce does, later: not a candidate.
+    assert [(c.sync_every, c.sync_mode) for c in found] == [(1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights")]
+    for c in found:
+        assert c.predicted == pytest.approx(bench.predict(64 / 250, ar, Sync(c.sync_every, c.sync_mode), b.gradients).expected)
+    grads = [c.predicted for c in found if c.sync_mode == "grads"]
+    assert grads == sorted(grads) and grads[0] < grads[-1]  # fewer syncs, more of each step trains
+
+
+def test_a_bench_chooses_only_for_the_built_in_jobs_and_among_counts_of_one_or_more(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    r = edgetrain("bench", str(script), "--gradient-mb", "1", "--sync-candidates", "1,2", "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(r, "--sync-candidates is for the built-in jobs", code=2)
+    r = edgetrain("bench", "lenet", "--sync-candidates", "0,2", "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(r, "--sync-candidates 0 must be at least 1", code=2)
+    r = edgetrain("bench", "lenet", "--sync-candidates", "two", "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(r, "--sync-candidates 'two' is not a list of --sync-every values", code=2)
+
+
+def _bench_with_choice(root, name: str, choice: dict | None, inventory: str | None = None) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    body = {**_body({1: 250, 3: 600}), "inventory": inventory, "sync_choice": choice}
+    for p in body["points"]:
+        p["trials"] = []
+    (d / "bench.json").write_text(json.dumps(body))
+
+
+def test_run_sync_every_auto_takes_the_newest_benchs_choice_for_the_program_and_inventory_and_says_so(tmp_path):
+    root = tmp_path / "runs"
+    chose = {"sync_every": 4, "sync_mode": "weights", "nodes": 3, "by": "time to the target", "images_per_sec": 700.0,
+             "seconds_to_target": 90.0}
+    _bench_with_choice(root, "20261201-000000-bench-lenet-aaaa", {**chose, "sync_every": 2, "sync_mode": "grads"})
+    _bench_with_choice(root, "20261202-000000-bench-lenet-bbbb", chose)
+    _bench_with_choice(root, "20261203-000000-bench-lenet-cccc", None)  # newer, but it chose nothing
+    _bench_with_choice(root, "20261204-000000-bench-lenet-dddd", {**chose, "sync_mode": "sideways"})  # damaged: passed over
+    _bench_with_choice(root, "20261205-000000-bench-lenet-eeee", {**chose, "sync_every": 8}, inventory="/elsewhere")
+    said: list[str] = []
+    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, said.append)
+    assert (options.sync_every, options.sync_mode) == (4, SyncMode.WEIGHTS)
+    assert said == ["--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes "
+                    "by time to the target"]
+    assert bench.chosen_sync(JobOptions(sync_every=2), root, "lenet", None, said.append).sync_every == 2  # not auto: as given
+    with pytest.raises(UsageError, match="no bench of fashion on this machine in .* chose one"):
+        bench.chosen_sync(JobOptions(sync_every=None), root, "fashion", None, said.append)
+    # Through the CLI: the line, then the run's own first error (no ranks).
+    r = edgetrain("run", "lenet", "--sync-every", "auto", "--np", "0", "--runs-dir", str(root))
+    assert "--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb" in r.stdout, r.stdout
+    assert_one_line_error(r, "--np 0", code=2)
+    r = edgetrain("run", "fashion", "--sync-every", "auto", "--runs-dir", str(root))
+    assert_one_line_error(r, "--sync-every auto takes the newest bench's choice, and no bench of fashion", code=2)
+
+
+def test_advice_counts_the_best_k_the_bench_measured_and_warns_when_even_it_does_not_pay():
+    body = _body({1: 231, 2: 165, 3: 160})
+    assert bench.advice(body, 3) is not None
+    paid = {**body, "sync_choice": {"sync_every": 4, "sync_mode": "grads", "nodes": 3, "by": "img/s", "images_per_sec": 560.0}}
+    assert bench.advice(paid, 3) is None
+    unpaid = {**body, "sync_choice": {**paid["sync_choice"], "images_per_sec": 200.0}}
+    warning = bench.advice(unpaid, 3)
+    assert "200 img/s" in warning and "with --sync-every 4 grads" in warning and "231 img/s on 1" in warning
+
+
+def test_the_choice_is_made_at_the_largest_n_and_kept_in_bench_json(tmp_path, monkeypatch):
+    """(s)'s flow with each try's training stood in for (a two-node cluster is the testbed's): which
+    settings it runs, in what order, and what bench.json keeps."""
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2))
+    b.nodes, b.hosts = [1, 2], b.hosts * 2  # this machine twice: the inventory's one host stands for two nodes
+    b.dir.mkdir(parents=True)
+    b.trials = [bench.Trial(1, "one", 250.0, 100.0, 1000, "completed"), bench.Trial(2, "two", 400.0, 80.0, 1000, "completed")]
+    b.allreduce[2] = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
+                                     run="r", cycle_seconds=0.040)
+    ran = []
+    # Weights reach the target sooner in these tries, though accumulating trains faster.
+    figures = {(4, "grads"): (470.0, 75.0), (4, "weights"): (450.0, 60.0)}
+
+    def train(n, attempt, on=None, beside=0, sync=None):
+        ran.append((n, attempt, sync.sync_every, sync.sync_mode.value))
+        ips, seconds = figures[(sync.sync_every, sync.sync_mode.value)]
+        return bench.Trial(n, f"run-{len(ran)}", ips, seconds + attempt, None, "completed", seconds_to_target_from_launch=seconds + 9,
+                           sync_every=sync.sync_every, sync_mode=sync.sync_mode.value)
+
+    monkeypatch.setattr(b, "train", train)
+    b.choose_sync()
+    # Each mode's best-predicted K, interleaved within each try, at the largest N.
+    assert ran == [(2, 1, 4, "grads"), (2, 1, 4, "weights"), (2, 2, 4, "grads"), (2, 2, 4, "weights")]
+    assert b.choice == {"sync_every": 4, "sync_mode": "weights", "nodes": 2, "by": "time to the target",
+                        "images_per_sec": 450.0, "seconds_to_target": 61.5}
+    b.save(b.points())
+    body = json.loads((b.dir / "bench.json").read_text())
+    assert body["sync_choice"] == b.choice
+    kept = {(c["sync_every"], c["sync_mode"]): c for c in body["sync_candidates"]}
+    assert set(kept) == {(1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights")}
+    assert kept[(4, "grads")]["runs"] == ["run-1", "run-3"] and kept[(2, "grads")]["runs"] == []
+    # The N-loop's own setting (every step) measured at 2 nodes stands as a candidate too, with its try.
+    assert kept[(1, "grads")]["runs"] == ["two"] and kept[(1, "grads")]["seconds_to_target"] == 80.0
+    # The points are the N-loop's alone: the candidates' tries are not medians of N = 2.
+    assert [t.run for t in b.points()[1].trials] == ["two"]
+    assert bench.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice

@@ -270,8 +270,11 @@ def test_a_non_blocking_terminal_left_by_a_killed_ssh_does_not_matter(existing_r
     (("--eval-every", "-5"), "--eval-every -5 must be at least 1"),
     (("--eval-examples", "0"), "--eval-examples 0 must be at least 1"),
     (("--holdout", "60000"), "--holdout 60000 must be between 1 and 59,999 examples"),
-    (("--backward-passes-per-step", "0"), "--backward-passes-per-step 0 must be at least 1"),
-    (("--backward-passes-per-step", "-2"), "--backward-passes-per-step -2 must be at least 1"),
+    (("--sync-every", "0"), "--sync-every 0 must be at least 1"),
+    (("--sync-every", "-2"), "--sync-every -2 must be at least 1"),
+    (("--sync-mode", "weights", "--outer-momentum", "1"), "--outer-momentum 1.0 must be in [0, 1)"),
+    (("--outer-lr", "0.7"), "--outer-lr and --outer-momentum are for --sync-mode weights"),
+    (("--sync-mode", "weights", "--fp16-allreduce"), "--fp16-allreduce compresses gradients; --sync-mode weights averages"),
     (("--steps-per-execution", "0"), "--steps-per-execution 0 must be at least 1"),
     (("--tf-threads", "0"), "--tf-threads 0 must be at least 1"),
 ])
@@ -281,7 +284,7 @@ def test_evaluation_and_tuning_counts_below_one(existing_runs, args, fragment):
     assert snapshot(existing_runs) == before
 
 
-@pytest.mark.parametrize("flag", ["--eval-every", "--eval-examples", "--backward-passes-per-step"])
+@pytest.mark.parametrize("flag", ["--eval-every", "--eval-examples", "--sync-every"])
 def test_evaluation_and_tuning_counts_that_are_not_numbers(existing_runs, flag):
     before = snapshot(existing_runs)
     r = edgetrain("run", "lenet", flag, "nan", "--runs-dir", str(existing_runs))
@@ -293,9 +296,9 @@ def test_evaluation_and_tuning_counts_that_are_not_numbers(existing_runs, flag):
 def test_resume_refuses_other_tuning_options(two_epochs):
     root, _ = two_epochs
     before = snapshot(root)
-    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--backward-passes-per-step", "2",
+    r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--sync-every", "2",
                   "--runs-dir", str(root))
-    assert_one_line_error(r, "was trained with --backward-passes-per-step None (asked 2)", code=2)
+    assert_one_line_error(r, "was trained with --sync-every None (asked 2)", code=2)
     r = edgetrain("run", "lenet", "--resume", "20260102", "--np", "2", "--epochs", "3", "--fp16-allreduce", "--runs-dir", str(root))
     assert_one_line_error(r, "--fp16-allreduce None (asked True)", code=2)
     assert snapshot(root) == before

@@ -39,6 +39,17 @@ def test_a_holdout_is_the_same_examples_every_time_and_none_of_them_is_trained_o
         datasets.hold_out(split, 1000)
 
 
+def test_the_held_out_split_is_drawn_by_its_own_number_not_the_runs_seed_and_the_tuned_one_is_kept():
+    split = datasets.Split(np.zeros((1000, 1, 1, 1), np.float32), np.arange(1000, dtype=np.int64))
+    fresh = datasets.hold_out(split, 100)[1].y.tolist()
+    tuned = datasets.hold_out(split, 100, datasets.TUNED_SPLIT)[1].y.tolist()
+    # Split 0 is the permutation every figure up to 2026-12-03 held out (HOLDOUT_SEED = 0 then).
+    assert tuned == sorted(np.random.default_rng(0).permutation(1000)[:100].tolist())
+    assert fresh == datasets.hold_out(split, 100, datasets.HOLDOUT_SPLIT)[1].y.tolist() != tuned
+    # Two draws of 100 in 1,000 share about 10 examples: the fresh split is mostly others.
+    assert len(set(fresh) & set(tuned)) < 30
+
+
 def test_idx_reader_round_trips(tmp_path):
     images = np.arange(3 * 28 * 28, dtype=np.uint32).reshape(3, 28, 28) % 256
     _write_idx(tmp_path / "x.gz", images)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgetrain.shared.learning_rate import anneal, scale, warmup
+from edgetrain.shared.learning_rate import anneal, images_per_update, scale, warmup
+from edgetrain.shared.sync import Sync, SyncMode
 
 
 @pytest.mark.parametrize(("ranks", "accumulated", "batch", "power", "expected"), [
@@ -17,7 +18,24 @@ from edgetrain.shared.learning_rate import anneal, scale, warmup
     (4, 1, 128, 0.0, 1.0),   # power 0: never scaled
 ])
 def test_the_rate_scales_with_the_images_an_update_averages_against_the_jobs_batch(ranks, accumulated, batch, power, expected):
-    assert scale(ranks, accumulated, batch, 64, power) == pytest.approx(expected)
+    assert scale(ranks, batch, 64, power, Sync(accumulated)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("ranks", "every", "batch", "power", "expected"), [
+    (1, 1, 64, 1.0, 1.0),
+    (4, 1, 64, 1.0, 1.0),    # more ranks: each still updates with its own batch
+    (4, 8, 64, 1.0, 1.0),    # and syncing less often changes nothing of a local update
+    (4, 8, 128, 1.0, 2.0),   # only the batch does
+    (4, 8, 128, 0.5, 2 ** 0.5),
+])
+def test_syncing_weights_the_rate_is_one_ranks_at_its_batch_whatever_the_ranks_and_k(ranks, every, batch, power, expected):
+    assert scale(ranks, batch, 64, power, Sync(every, SyncMode.WEIGHTS)) == pytest.approx(expected)
+
+
+def test_accumulating_k_batches_on_n_ranks_an_update_averages_n_k_batches_and_syncing_weights_one():
+    assert images_per_update(3, 64, Sync(4, "grads")) == 3 * 4 * 64
+    assert images_per_update(3, 64, Sync(4, "weights")) == 64
+    assert images_per_update(3, 64) == 3 * 64  # every step: what the jobs did before --sync-every
 
 
 def test_warmup_rises_linearly_from_the_base_rate_to_the_scaled_one():
