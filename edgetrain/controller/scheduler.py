@@ -60,10 +60,10 @@ def configured() -> bool:
 
 
 def _slurm(*argv: str, stdin: str | None = None, timeout: float = 60) -> str:
-    try:
-        r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise EdgetrainError(f"{argv[0]} is not installed here", "install slurm-client, or provision the cluster with edgetrain_scheduler: slurm") from None
+    if not configured():
+        raise EdgetrainError("Slurm is not configured on this machine (no slurm.conf at SLURM_CONF or /etc/slurm)",
+                             "run this on the cluster's head, provisioned with edgetrain_scheduler: slurm")
+    r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         said = " ".join((r.stderr or r.stdout).split()) or f"exit status {r.returncode}"
         raise EdgetrainError(f"{argv[0]}: {said}")
@@ -99,7 +99,7 @@ def submit(config: LaunchConfig, inv: Inventory, run_id: str, run_argv: list[str
 def queue() -> list[Job]:
     """edgetrain's jobs in the queue, every user's (what waits ahead of one's own), oldest first."""
     if not configured():
-        return []
+        return []  # no scheduler here: nothing queued
     out = _slurm("squeue", "--noheader", "--all", f"--format={'|'.join(_FIELDS)}")
     jobs = []
     for line in out.splitlines():
