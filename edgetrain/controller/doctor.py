@@ -24,20 +24,16 @@ HOROVOD_BUILD = (
 )
 
 
-# The states sinfo gives a node that takes jobs (its flags after: * not responding, ~ powered off, ...).
-SLURM_USABLE = ("idle", "allocated", "mixed", "completing")
-
-
 def scheduler_checks(inv: Inventory) -> list[Check]:
     """Each node as Slurm sees it (idle, allocated, down, ...), where the inventory queues its runs
     through Slurm (edgetrain_scheduler); none otherwise."""
     if not any(h.vars.get("edgetrain_scheduler") == "slurm" for h in inv.hosts):
         return []
     try:
-        seen = {v.name: v.state for v in scheduler.nodes_view()}
+        seen = {v.name: v for v in scheduler.nodes_view()}
     except EdgetrainError as exc:
         return [Check("slurm", False, str(exc))]
-    return [Check(h.name, seen.get(h.name, "").rstrip("*~#!%$@^-+") in SLURM_USABLE, seen.get(h.name, "not in slurm.conf"))
+    return [Check(h.name, seen[h.name].usable, seen[h.name].state) if h.name in seen else Check(h.name, False, "not in slurm.conf")
             for h in inv.hosts]
 
 

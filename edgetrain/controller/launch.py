@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgetrain import __version__
-from edgetrain.controller import allocation, blame, containers, inventory, placement, remote, requirements, runtimes
+from edgetrain.controller import allocation, blame, containers, inventory, placement, remote, requirements, runtimes, scheduler
 from edgetrain.shared import checkpoints, failures, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
@@ -331,6 +331,7 @@ class _Watch(threading.Thread):
         self.rounds = 0  # looks completed, each announced on ``looked``
         self.looked = threading.Condition()
         self.hurry = threading.Event()  # set: look again at once, not after the interval
+        self.held = allocation.current()  # the Slurm job the run is inside, whose nodes Slurm may take away
 
     def end(self) -> None:
         self.finished.set()
@@ -402,6 +403,8 @@ class _Watch(threading.Thread):
         for st in states:
             if not st.alive and st.host.name in losable:
                 self.go_on_without(st.host.name, st.detail)
+        if self._taken_away(losable):
+            return True
         if self.failure is not None:
             return True  # the last rank it could lose went, here or on mpirun's stream
         dead = next((st for st in states if not st.alive and st.host.name not in losable), None)
@@ -409,6 +412,24 @@ class _Watch(threading.Thread):
             self._fail(dead.host, dead.detail)
             return True
         return False
+
+    def _taken_away(self, losable: dict[str, str]) -> bool:
+        """A node Slurm took from the run's job (set down, drained, failed) is a lost node: the run
+        goes on without it where it can, else the attempt ends (and --max-restarts leaves it out)."""
+        if self.held is None:
+            return False
+        names = [h.name for h in self.launch.placement.hosts if h.name not in self.went_on_without]
+        try:
+            gone = scheduler.taken(names)
+        except EdgetrainError:
+            return False  # the controller out of reach says nothing about the nodes
+        for host in (h for h in self.launch.placement.hosts if h.name in gone):
+            why = f"Slurm took it from job {self.held.job_id} ({gone[host.name]})"
+            if host.name not in losable:
+                self._fail(host, why)
+                return True
+            self.go_on_without(host.name, why)
+        return self.failure is not None
 
     def _took_back(self) -> bool:
         """Once an epoch begins after one this attempt trained (and checkpointed), look for the

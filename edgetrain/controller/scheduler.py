@@ -47,10 +47,18 @@ class Job:
     reason: str
 
 
+# The states sinfo gives a node that takes jobs (its flags after: * not responding, ~ powered off, ...).
+USABLE = ("idle", "allocated", "mixed", "completing")
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
     state: str  # sinfo's, e.g. idle, allocated, down*
+
+    @property
+    def usable(self) -> bool:
+        return self.state.rstrip("*~#!%$@^-+") in USABLE
 
 
 def configured() -> bool:
@@ -83,7 +91,8 @@ def sbatch_argv(config: LaunchConfig, inv: Inventory, run_id: str, runs_root: Pa
     group = config.group or next((g for g in DEVICE_GROUPS if g in plan.head.groups), None)
     return [
         "sbatch", "--parsable", f"--job-name={JOB_PREFIX}{run_id}", f"--nodes={len(plan.hosts)}", f"--ntasks={config.np}",
-        "--exclusive", f"--constraint={plan.head.arch}", *([f"--partition={group}"] if group else []),
+        # --no-kill: a node Slurm takes away ends the attempt as a lost node does (launch._Watch), not the job.
+        "--exclusive", "--no-kill", f"--constraint={plan.head.arch}", *([f"--partition={group}"] if group else []),
         f"--export=ALL,{RUN_ID_ENV}={run_id}", f"--chdir={Path.cwd()}", f"--output={runs_root.resolve()}/slurm-%j.out",
     ]
 
@@ -100,14 +109,14 @@ def queue() -> list[Job]:
     """edgetrain's jobs in the queue, every user's (what waits ahead of one's own), oldest first."""
     if not configured():
         return []  # no scheduler here: nothing queued
-    out = _slurm("squeue", "--noheader", "--all", f"--format={'|'.join(_FIELDS)}")
+    out = _slurm("squeue", "--noheader", "--all", "--sort=i", f"--format={'|'.join(_FIELDS)}")
     jobs = []
     for line in out.splitlines():
         job_id, name, state, user, nodes, nodelist, reason = line.split("|", len(_FIELDS) - 1)
         if name.startswith(JOB_PREFIX):
             jobs.append(Job(job_id, name[len(JOB_PREFIX):], JobState(state) if state in JobState.__members__ else JobState.OTHER,
                             user, int(nodes), nodelist, reason))
-    return sorted(jobs, key=lambda j: int(j.job_id.split("_")[0]) if j.job_id.split("_")[0].isdigit() else 0)
+    return jobs
 
 
 def cancel(run_id: str) -> Job:
@@ -124,6 +133,11 @@ def cancel(run_id: str) -> Job:
     else:
         _slurm("scancel", job.job_id)
     return job
+
+
+def taken(nodes: list[str]) -> dict[str, str]:
+    """Those of ``nodes`` the scheduler no longer gives jobs (down, drained, failed), with their state."""
+    return {v.name: v.state for v in nodes_view() if v.name in nodes and not v.usable}
 
 
 def nodes_view() -> list[NodeView]:

@@ -163,7 +163,10 @@ def test_a_job_larger_than_the_cluster_is_refused_at_once(users):
 def test_cancelling_a_running_job_leaves_no_container(users, how):
     c = users.c
     run_id, job = users.submit("root", "lenet", "--np", "3", "-i", "INVENTORY", "--epochs", "20")
-    wait_for("the job's containers are up on every node", lambda: len(c.leftovers()) == 3, timeout=300)
+    record = users.runs["root"] / run_id / "run.json"
+    # Training: a cancel before then ends the run in its preparation, which (as Ctrl-C does there) leaves no record.
+    wait_for("the run trains", lambda: record.is_file() and json.loads(record.read_text())["status"] == "running", timeout=300)
+    assert len(c.leftovers()) == 3
     if how == "scancel":
         r = subprocess.run(["scancel", job], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **c.bed.state.slurm_env})
     else:
@@ -175,5 +178,26 @@ def test_cancelling_a_running_job_leaves_no_container(users, how):
     wait_for("the job ends", lambda: state(c.bed, job) in ("CANCELLED", "FAILED"), timeout=90)
     wait_for("no container on any node", lambda: c.leftovers() == {}, timeout=90)
     assert time.monotonic() - start < 70, "the containers outlived the job's cleanup"
-    record = users.runs["root"] / run_id / "run.json"
     wait_for("the run recorded interrupted", lambda: json.loads(record.read_text())["status"] == "interrupted", timeout=30)
+
+
+def test_a_node_slurm_takes_away_is_a_lost_node_and_the_run_resumes_without_it(users):
+    c = users.c
+    run_id, job = users.submit("root", "lenet", "--np", "3", "-i", "INVENTORY", "--epochs", "3", "--max-steps", "20",
+                               "--max-restarts", "1")
+    out = users.runs["root"] / f"slurm-{job}.out"
+    wait_for("the first epoch and its checkpoint", lambda: out.is_file() and "epoch 1/3" in out.read_text(), timeout=600, every=2)
+    slurm = {"PATH": "/usr/bin:/bin", **c.bed.state.slurm_env}
+    subprocess.run(["scontrol", "update", "nodename=node3", "state=down", "reason=taken by the test"], check=True, env=slurm)
+    try:
+        wait_for("the job ends", lambda: state(c.bed, job) not in ("RUNNING", "COMPLETING"), timeout=900, every=3)
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node3", "state=resume"], check=True, env=slurm)
+    said = out.read_text()
+    assert state(c.bed, job) == "COMPLETED", said[-3000:]
+    assert "node3: Slurm took it from job" in said, said[-3000:]
+    record = json.loads((users.runs["root"] / run_id / "run.json").read_text())
+    assert record["status"] == "completed", record
+    assert len(record["attempts"]) == 2 and "node3" in record["attempts"][1]["excluded"], record["attempts"]
+    assert [h["host"] for h in record["placement"]["hosts"]] == ["node1", "node2"], record["placement"]
+    wait_for("no container on any node", lambda: c.leftovers() == {}, timeout=120)
