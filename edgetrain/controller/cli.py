@@ -326,7 +326,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help=f"Print JSON (schema {runs
 def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> None:
     """One line per run."""
     summaries = [runs.summarize(r) for r in runs.all_runs(runs_dir)]
-    queued = scheduler.queue()
+    try:
+        queued = scheduler.queue()
+    except EdgetrainError as exc:  # the runs directory's records stand without the queue
+        _warn(f"Slurm's queue left out: {exc}")
+        queued = []
     if as_json:
         print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries],
                           "slurm": [{**asdict(j), "state": j.state.value} for j in queued]}, indent=1))

@@ -50,3 +50,18 @@ def test_without_slurm_submit_says_so_in_one_line_and_runs_list_shows_no_queue(t
     listed = edgetrain("runs", "list", "--json", env=env)
     assert listed.returncode == 0 and '"slurm": []' in listed.stdout, listed.stdout + listed.stderr
     assert_one_line_error(edgetrain("cancel", "20261203-230102-lenet-4b1e", env=env), "is not queued or running under Slurm")
+
+
+def test_runs_list_stands_without_a_controller_that_answers(tmp_path):
+    """A slurm.conf whose controller is not there (on loopback, a port nobody listens on): the runs
+    are listed, the queue left out in one warning line."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/munge\n"
+                    f"AuthInfo=socket={tmp_path}/no-munge\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    listed = edgetrain("runs", "list", "--json", env={"SLURM_CONF": str(conf), "EDGETRAIN_RUNS": str(runs_dir)})
+    assert listed.returncode == 0, listed.stderr
+    assert '"runs": []' in listed.stdout and '"slurm": []' in listed.stdout, listed.stdout
+    [warning] = listed.stderr.strip().splitlines()
+    assert warning.startswith("edgetrain: warning: Slurm's queue left out: squeue: "), warning
