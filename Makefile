@@ -5,8 +5,8 @@ VENV ?= .venv
 NP ?= 4
 EPOCHS ?= 1
 # System packages the tests need on top of the training stack: the multi-node testbed
-# (network namespaces, sshd) and the image builds (Docker engine, debootstrap).
-TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo strace
+# (network namespaces, sshd, Slurm and munge for its scheduler test) and the image builds (Docker engine, debootstrap).
+TEST_SYSTEM_PACKAGES = iproute2 openssh-server python3-apt docker.io debootstrap sudo strace munge slurmd slurmctld slurm-client
 # The suite in two lanes, the testbed's tests in one and the rest in the other (tests/conftest.py
 # says why); TEST_LANES= runs it in one.
 TEST_LANES ?= -n 2

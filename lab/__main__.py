@@ -1,4 +1,4 @@
-"""python -m lab up|emulate|cpu|bench|status|down: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|slurm|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
@@ -84,15 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
     up.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     up.add_argument("--alone", action="store_true", help=ALONE_HELP)
-    emulate = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
-    emulate.add_argument("id")
-    emulate.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
-    emulate.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
-    emulate.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
-    emulate.add_argument("--alone", action="store_true", help=ALONE_HELP)
+    emu = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
+    emu.add_argument("id")
+    emu.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
+    emu.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
+    emu.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
+    emu.add_argument("--alone", action="store_true", help=ALONE_HELP)
     down = sub.add_parser("down", help="tear down testbeds recorded on this machine")
     down.add_argument("ids", nargs="*", help="testbed ids (default: every recorded testbed whose maker has ended, "
                       "so a running test session keeps its own)")
+    slurm = sub.add_parser("slurm", help="start Slurm's daemons in a testbed site.yml provisioned, and print SLURM_CONF")
+    slurm.add_argument("id")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -121,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             bed.down()
             print(f"removed {tid}")
+    elif args.cmd == "slurm":
+        bed = load(args.id)
+        bed.slurm_up()
+        print(" ".join(f"{k}={v}" for k, v in bed.state.slurm_env.items()))
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)

@@ -30,6 +30,7 @@ import platform
 import pwd
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,8 @@ class State:
     # start time: while it runs the testbed is in use, and a bare `down` leaves it alone.
     owner_pid: int | None = None
     owner_started: int | None = None
+    # Slurm (slurm_up): the one munged all nodes share, as they share /run's file system here.
+    munged_pid: int | None = None
 
     @property
     def in_use(self) -> bool:
@@ -184,6 +187,16 @@ class State:
     @property
     def head(self) -> Node:
         return self.nodes[0]
+
+    @property
+    def slurm_dir(self) -> str:
+        """slurm.conf and the daemons' files; the role writes them here (write_inventory), not in the machine's /etc."""
+        return f"{self.dir}/slurm"
+
+    @property
+    def slurm_env(self) -> dict[str, str]:
+        """What Slurm's commands need to reach this testbed's controller."""
+        return {"SLURM_CONF": f"{self.slurm_dir}/slurm.conf"}
 
     def save(self) -> None:
         tmp = Path(self.dir) / "state.json.tmp"
@@ -380,10 +393,48 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
                                      cgroup=n.cgroup, timeout=60)
         n.dockerd_pid = engine.pid
 
+    def slurm_up(self, timeout: float = 60.0) -> None:
+        """Start what roles/slurm configured (site.yml first): one munged for every node, slurmctld
+        in the head, slurmd in each node under its own name; return once every node is idle."""
+        s = self.state
+        if s.munged_pid and _alive(s.munged_pid):
+            return
+        sock = Path(f"{s.dir}/munge-run")
+        # munged refuses a socket directory others can write into or not traverse.
+        sock.mkdir(mode=0o755, exist_ok=True)
+        shutil.chown(sock, "munge", "munge")
+        log = open(Path(s.slurm_dir) / "daemons.log", "ab")
+        munged = subprocess.Popen(
+            ["setpriv", "--reuid=munge", "--regid=munge", "--init-groups", "munged", "--foreground", f"--socket={sock}/munge.socket",
+             f"--key-file={s.dir}/munge/munge.key", f"--pid-file={sock}/munged.pid", f"--log-file={sock}/munged.log",
+             f"--seed-file={sock}/munged.seed"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        s.munged_pid = munged.pid
+        s.save()
+        conf = self.state.slurm_env["SLURM_CONF"]
+        deadline = time.monotonic() + timeout
+        while not Path(f"{sock}/munge.socket").exists():
+            if time.monotonic() > deadline or munged.poll() is not None:
+                raise RuntimeError(f"munged did not start: {Path(sock, 'munged.log').read_text(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        daemons = [(s.head, ["slurmctld", "-D", "-f", conf])] + [(n, ["slurmd", "-D", "-f", conf, "-N", n.name]) for n in s.nodes]
+        for n, argv in daemons:
+            proc = subprocess.Popen(["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts", *argv],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            n.cgroup.move(proc.pid)  # the jobs slurmd starts are the node's CPU
+        while True:
+            r = run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False, env={**os.environ, "SLURM_CONF": conf})
+            states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+            if r.returncode == 0 and len(states) == len(s.nodes) and set(states.values()) == {"idle"}:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm's nodes are not idle after {timeout:.0f} s: {r.stdout}{r.stderr}")
+            time.sleep(0.5)
+
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
         s = self.state
-        daemons = [s.emulator_pid] + [pid for n in s.nodes for pid in (n.dockerd_pid, n.sshd_pid)]
+        daemons = [s.emulator_pid, s.munged_pid] + [pid for n in s.nodes for pid in (n.dockerd_pid, n.sshd_pid)]
         _stop(*filter(None, daemons))
         for n in s.nodes:
             if Path(f"/var/run/netns/{n.netns}").exists():
@@ -513,6 +564,26 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             "images_stage_dir": f"{s.dir}/images-stage",
             "machinefile_dir": f"{s.dir}/mpi",
             "edgetrain_venv": f"{s.dir}/edgetrain-venv",
+            # Slurm (roles/slurm): configured by the role, its daemons run by slurm_up (no systemd in
+            # the nodes), every file under the testbed's directory, each node's apart (%n).
+            "edgetrain_scheduler": "slurm",
+            "slurm_manage_service": False,
+            "slurm_cluster_name": s.mpi_user,
+            "slurm_conf_dir": s.slurm_dir,
+            "slurm_munge_key": f"{s.dir}/munge/munge.key",
+            "slurm_munge_socket": f"{s.dir}/munge-run/munge.socket",
+            "slurm_state_dir": f"{s.slurm_dir}/ctld",
+            "slurm_spool_dir": f"{s.slurm_dir}/spool/%n",
+            "slurm_slurmctld_pid_file": f"{s.slurm_dir}/run/slurmctld.pid",
+            "slurm_slurmd_pid_file": f"{s.slurm_dir}/run/slurmd-%n.pid",
+            "slurm_slurmctld_log_file": f"{s.slurm_dir}/log/slurmctld.log",
+            "slurm_slurmd_log_file": f"{s.slurm_dir}/log/slurmd-%n.log",
+            # The nodes share this machine's cgroup hierarchies (and their CPU is the testbed's own
+            # group): Slurm tracks a job's processes by their parentage instead, and confines none.
+            "slurm_proctrack_type": "proctrack/linuxproc",
+            "slurm_task_plugin": "task/none",
+            # Every node is this machine: its facts' memory, 24 GB, would be each node's.
+            "slurm_real_memory": 1024,
             "edgetrain_install_deps": False,
             # /usr/local/bin is the machine's own.
             "edgetrain_bin_link": "",

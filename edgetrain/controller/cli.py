@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,7 +22,7 @@ from edgetrain.controller import collect as collecting
 from edgetrain.controller import containers, shipping
 from edgetrain.shared import datasets, jobs, runs
 from edgetrain.controller import config as configs
-from edgetrain.controller import launch, supervisor
+from edgetrain.controller import launch, scheduler, supervisor
 from edgetrain.controller import program as programs
 from edgetrain.controller import requirements as extra
 from edgetrain.shared import workdir as workdir_mod
@@ -67,46 +68,68 @@ def _warn(problem: str) -> None:
     err_console.print(shown(f"edgetrain: warning: {problem}"), highlight=False, soft_wrap=True)
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
-@with_job_options("run", programs.parse_options)
-def run(
-    target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
-    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
-    np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
-    inventory: InventoryOpt = None,
-    group: GroupOpt = None,
-    runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
-    strategy: StrategyOpt = DEFAULT,
-    tf_port: TfPortOpt = configs.PORT_FLAGS["tf_port"],
-    ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
-    master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
-    workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
-    max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
-    max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
-    ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
-    requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
-    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
-    hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
-    max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
-    min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
-    rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
-    runs_dir: RunsDirOpt = Path("runs"),
-    data_dir: DataDirOpt = None,
-    options: JobOptions = JobOptions(),
-) -> None:
-    """Train with --np ranks: your script (arguments after --) or a built-in job. Progress on the console, the rest in runs/<id>/."""
-    if target in jobs.JOBS:
-        options = benching.chosen_sync(options, runs_dir, target, inventory, _say)
-    program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
-    config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
-                             master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
-                             max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
-                             restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say)
-    # A closed terminal or a `kill` must clean up like Ctrl-C: containers on other machines would outlive us.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
-    _report(*supervisor.supervise(config, _attempt, lambda said: err_console.print(shown(said), highlight=False, soft_wrap=True)))
+def _launch_command(submitting: bool):
+    """`run`, or with ``submitting`` `submit`: one set of arguments, resolved and checked alike."""
+
+    @with_job_options("run", programs.parse_options)
+    def command(
+        target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
+        script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+        np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
+        inventory: InventoryOpt = None,
+        group: GroupOpt = None,
+        runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+        strategy: StrategyOpt = DEFAULT,
+        tf_port: TfPortOpt = configs.PORT_FLAGS["tf_port"],
+        ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
+        master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
+        workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
+        max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
+        max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
+        ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
+        requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
+        dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
+        resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
+        hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
+        max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
+        min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
+        rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
+        runs_dir: RunsDirOpt = Path("runs"),
+        data_dir: DataDirOpt = None,
+        options: JobOptions = JobOptions(),
+    ) -> None:
+        if target in jobs.JOBS:
+            options = benching.chosen_sync(options, runs_dir, target, inventory, _say)
+        program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
+        config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
+                                 master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
+                                 max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
+                                 restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say,
+                                 run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
+        if submitting:
+            _submit(config)
+            return
+        # A closed terminal, a `kill` or a Slurm cancel must clean up like Ctrl-C: containers on other machines would outlive us.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        _report(*supervisor.supervise(config, _attempt, lambda said: err_console.print(shown(said), highlight=False, soft_wrap=True)))
+
+    return command
+
+
+LAUNCH_SETTINGS = {"help_option_names": ["-h", "--help"]}
+run = app.command("run", context_settings=LAUNCH_SETTINGS, help="Train with --np ranks: your script (arguments after --) or a built-in job. "
+                  "Progress on the console, the rest in runs/<id>/.")(_launch_command(submitting=False))
+submit = app.command("submit", context_settings=LAUNCH_SETTINGS, help="Queue a run through Slurm (the arguments of run): prints its run id "
+                     "and job id; the job runs `edgetrain run` on whole nodes the scheduler gives it.")(_launch_command(submitting=True))
+
+
+def _submit(config: configs.LaunchConfig) -> None:
+    """The run as a Slurm batch job, with its id chosen now so that the queue and the runs directory name it alike."""
+    run_id = runs.find(config.runs_dir, config.resume).id if config.resume else runs.new_id(config.program.name)
+    argv = sys.argv[sys.argv.index("submit") + 1:]
+    job = scheduler.submit(config, inventories.load(config.inventory), run_id, argv)
+    console.print(f"run {run_id}: Slurm job {job}", markup=False, highlight=False)
 
 
 def _attempt(started: launch.Launch) -> launch.Outcome:
@@ -249,7 +272,14 @@ def doctor(
         if failed:
             raise EdgetrainError(f"{len(failed)} check(s) failed: {', '.join(failed)}")
         return
-    report = doctoring.check_cluster(inventories.load(inventory), np, group, job)
+    inv = inventories.load(inventory)
+    seen = doctoring.scheduler_checks(inv)
+    if seen:
+        view = Table("node", "slurm", "", box=None)
+        for c in seen:
+            view.add_row(c.name, shown(c.detail), "[green]ok[/]" if c.ok else "[red]FAIL[/]")
+        console.print(view)
+    report = doctoring.check_cluster(inv, np, group, job)
     table = Table("node", "check", "", "detail", box=None)
     for node in report.nodes:
         for c in node.checks:
@@ -300,8 +330,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help=f"Print JSON (schema {runs
 def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> None:
     """One line per run."""
     summaries = [runs.summarize(r) for r in runs.all_runs(runs_dir)]
+    try:
+        queued = scheduler.queue()
+    except EdgetrainError as exc:  # the runs directory's records stand without the queue
+        _warn(f"Slurm's queue left out: {exc}")
+        queued = []
     if as_json:
-        print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries]}, indent=1))
+        print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries],
+                          "slurm": [{**asdict(j), "state": j.state.value} for j in queued]}, indent=1))
         return
     table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
     table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
@@ -311,8 +347,23 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
         table.add_row(shown(s.id), shown(s.job), s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
                       f"{s.images_per_sec:,.0f}" if s.images_per_sec else "-", f"epoch {s.checkpoint}" if s.checkpoint else "-")
     console.print(table)
+    if queued:
+        jobs = Table("run", "slurm job", "state", "user", "nodes", "where / why", box=None)
+        for j in queued:
+            jobs.add_row(shown(j.run_id), j.job_id, j.state.value.lower(), shown(j.user), str(j.nodes),
+                         shown(j.nodelist if j.state is scheduler.JobState.RUNNING else j.reason))
+        console.print(jobs)
     for problem in problems:
         _warn(problem)
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(metavar="RUN", help="A submitted run's id (or a unique prefix).")]) -> None:
+    """End a submitted run: a queued one leaves the queue; a running one stops as after Ctrl-C (containers removed, run recorded interrupted)."""
+    job = scheduler.cancel(run_id)
+    ended = ("signalled: it removes its containers and records the run interrupted" if job.state is scheduler.JobState.RUNNING
+             else "taken out of the queue")
+    console.print(f"run {job.run_id}: Slurm job {job.job_id} {ended}", markup=False, highlight=False)
 
 
 @runs_app.command("show")

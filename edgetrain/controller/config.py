@@ -63,6 +63,7 @@ class LaunchConfig:
     runs_dir: Path = field(default_factory=runs.default_root)
     data_dir: Path | None = None
     resume: str | None = None
+    run_id: str | None = None  # the new run's id, where `submit` chose it (None: made at the start)
     hang_timeout: float = 300.0
     max_workdir_bytes: int = workdir.DEFAULT_MAX_BYTES
     max_workdir_files: int = workdir.DEFAULT_MAX_FILES

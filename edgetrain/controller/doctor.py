@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgetrain.controller import containers, placement
+from edgetrain.controller import containers, placement, scheduler
 from edgetrain.shared import datasets, jobs, mpi, runs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Inventory
@@ -22,6 +22,19 @@ HOROVOD_BUILD = (
     "import json, horovod.tensorflow as hvd; "
     "print(json.dumps({'mpi': bool(hvd.mpi_built()), 'gloo': bool(hvd.gloo_built())}))"
 )
+
+
+def scheduler_checks(inv: Inventory) -> list[Check]:
+    """Each node as Slurm sees it (idle, allocated, down, ...), where the inventory queues its runs
+    through Slurm (edgetrain_scheduler); none otherwise."""
+    if not any(h.vars.get("edgetrain_scheduler") == "slurm" for h in inv.hosts):
+        return []
+    try:
+        seen = {v.name: v for v in scheduler.nodes_view()}
+    except EdgetrainError as exc:
+        return [Check("slurm", False, str(exc))]
+    return [Check(h.name, seen[h.name].usable, seen[h.name].state) if h.name in seen else Check(h.name, False, "not in slurm.conf")
+            for h in inv.hosts]
 
 
 def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:

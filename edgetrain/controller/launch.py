@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from edgetrain import __version__
-from edgetrain.controller import blame, inventory, monitor, placement, requirements, runtimes
+from edgetrain.controller import allocation, blame, inventory, monitor, placement, requirements, runtimes
 from edgetrain.shared import checkpoints, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
@@ -186,8 +186,12 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
     working directory, the containers (docker runtime) and the command."""
     started = time.monotonic()
     program = config.program
-    inv = inventory.load(config.inventory)
+    held = allocation.current()
+    inv = allocation.within(inventory.load(config.inventory), held)
     inv = replace(inv, hosts=tuple(h for h in inv.hosts if h.name not in attempt.excluded))
+    if held is not None and attempt.np > sum(h.slots for h in inv.hosts):
+        raise EdgetrainError(f"--np {attempt.np} needs more ranks than the {sum(h.slots for h in inv.hosts)} tasks Slurm job {held.job_id} holds",
+                             "lower --np, or ask Slurm for more (sbatch -n, or edgetrain submit)")
     plan = placement.plan(inv, attempt.np, config.group, config.per_node)
     _check_restarts(config, plan)
     program.check_ranks(attempt.np)
@@ -211,7 +215,7 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
             resumed_epoch = _resume_point(rt, run, program, attempt.np, config.log)
             lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
         else:
-            run = created = runs.create(root, program.name)
+            run = created = runs.create(root, program.name, config.run_id)
             lock = run.lock()
         rt.stage(run, manifest)
         runs.write_anew(run.machinefile, plan.machinefile().encode())

@@ -220,9 +220,8 @@ class Monitor:
         if self.rank_failed is not None and event.at - self.rank_failed > FAILED_GRACE:
             self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
             return
-        if event.states is None:
-            return
-        for st in event.states:
+        states = event.states or ()
+        for st in states:
             if st.alive and st.detail:
                 # A near miss: a link this slow is one hiccup from ending the run. Each is
                 # said, with how many there were: one is a hiccup, many a failing cable.
@@ -230,10 +229,17 @@ class Monitor:
                 self.launch.config.log(f"edgetrain: warning: {st.host.name}: {st.detail} "
                                        f"({self.near_misses[st.host.name]} time(s) this attempt)")
         losable = self.launch.losable
-        for st in event.states:
+        for st in states:
             if not st.alive and st.host.name in losable:
                 self.go_on_without(st.host.name, st.detail)
-        dead = next((st for st in event.states if not st.alive and st.host.name not in losable), None)
+        # A node Slurm took from the run's job is a lost node: the run goes on without it where it
+        # can, else the attempt ends (and --max-restarts leaves it out).
+        for host in (h for h in self.launch.placement.hosts if h.name in event.taken):
+            if host.name in losable:
+                self.go_on_without(host.name, event.taken[host.name])
+            else:
+                self._fail(host, event.taken[host.name])
+        dead = next((st for st in states if not st.alive and st.host.name not in losable), None)
         if dead is not None:
             self._fail(dead.host, dead.detail)
 

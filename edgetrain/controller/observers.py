@@ -12,11 +12,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import IO, Union
 
-from edgetrain.controller import containers, inventory, runtimes
+from edgetrain.controller import allocation, containers, inventory, runtimes, scheduler
 from edgetrain.shared import progress
 from edgetrain.shared.errors import EdgetrainError
 
@@ -50,10 +50,12 @@ class StreamEnded:
 
 @dataclass(frozen=True)
 class Looked:
-    """One look at the nodes: each one's state, or None where the look itself failed."""
+    """One look at the nodes: each one's state, or None where the look itself failed; and, inside
+    a Slurm job, the nodes the scheduler took from it (set down, drained, failed), each with why."""
 
     states: tuple[containers.NodeState, ...] | None
     at: float
+    taken: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Watcher(threading.Thread):
         self._ended = threading.Event()
         self._hurry = threading.Event()
         self._asked: queue.SimpleQueue[tuple[inventory.Host, ...]] = queue.SimpleQueue()
+        self.held = allocation.current()  # the Slurm job the run is inside, whose nodes Slurm may take away
 
     def end(self) -> None:
         self._ended.set()
@@ -125,7 +128,16 @@ class Watcher(threading.Thread):
                 states = tuple(self.runtime.states())
             except EdgetrainError:
                 states = None
-            self.post(Looked(states, time.monotonic()))
+            self.post(Looked(states, time.monotonic(), self._taken()))
+
+    def _taken(self) -> dict[str, str]:
+        if self.held is None:
+            return {}
+        try:
+            taken = scheduler.taken([h.name for h in self.runtime.plan.hosts])
+        except EdgetrainError:
+            return {}  # the controller out of reach says nothing about the nodes
+        return {name: f"Slurm took it from job {self.held.job_id} ({state})" for name, state in taken.items()}
 
     def _look_for_asked(self) -> None:
         while not self._asked.empty():

@@ -263,13 +263,18 @@ def new_id(job: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{job}-{secrets.token_hex(2)}"
 
 
-def create(root: Path, job: str) -> Run:
+def create(root: Path, job: str, run_id: str | None = None) -> Run:
+    """A new run directory, under ``run_id`` where one was chosen beforehand (a Slurm job's, by `submit`)."""
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise UsageError(f"{run_id!r} is not a run id")
     ensure_writable(root)
     for _ in range(10):
-        path = root / new_id(job)
+        path = root / (run_id or new_id(job))
         try:
             path.mkdir(mode=0o700)  # the run's logs and outputs are the user's alone
         except FileExistsError:
+            if run_id:
+                raise EdgetrainError(f"run {run_id} exists already in {root}", "submit it anew, or continue it with --resume") from None
             continue
         (path / "checkpoints").mkdir()
         return Run(path)
