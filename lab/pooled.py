@@ -5,8 +5,11 @@ one session. Each try is paired with the one-node try of the same bench and seed
 trajectory at every N, the same hour of this machine), so what is pooled is each pair's ratio, not
 times from different hours. Per N: the time to the target from the first step and from the command,
 the speedup over one node (the geometric mean of the pairs, with a 95% t-interval on their
-logarithms), E(N) against the one node alone, and the test accuracy scored once after training.
-A pair where either try missed the target counts as a miss and is shown as such, not left out.
+logarithms), E(N) against the one node alone and the throughput it gives (N x E(N)), the images
+each try trained on to reach the target, and the test accuracy scored once after training. A pair
+where either try missed the target counts as a miss and is shown as such, not left out. The tries
+of a bench's --sync-every candidates (bench --sync-candidates) are paired with the same one-node
+tries, in a table of their own per setting.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Pair:
     nodes: int
     one: dict  # the one-node trial
     many: dict  # the trial at ``nodes``
+    sync: tuple[int, str] = (1, "grads")  # how the trial at ``nodes`` talked: --sync-every, --sync-mode
 
     def ratio(self, key: str) -> float | None:
         a, b = self.one.get(key), self.many.get(key)
@@ -47,15 +51,19 @@ class Pair:
 
 
 def pairs(body: dict, name: str) -> list[Pair]:
-    """The bench's N-loop tries paired by seed with its one-node tries; the tries of its other
-    --sync-every candidates (bench --sync-candidates) are not the N-loop's and are left out."""
+    """Every multi-node try of the bench, its N-loop's and its --sync-every candidates', paired by
+    seed with the N-loop's one-node try."""
     own = (body.get("sync_every", 1), body.get("sync_mode", "grads"))
-    alone = [t for t in body["trials"] if t.get("beside", 0) == 0 and t["status"] == "completed"
-             and (t.get("sync_every", own[0]), t.get("sync_mode", own[1])) == own]
+    alone = [t for t in body["trials"] if t.get("beside", 0) == 0 and t["status"] == "completed"]
     if any(t.get("seed") is None for t in alone):
         raise SystemExit(f"{name}: its trials name no seed (a script's bench, or one from before they recorded it)")
-    ones = {t["seed"]: t for t in alone if t["nodes"] == 1}
-    return [Pair(name, t["seed"], t["nodes"], ones[t["seed"]], t) for t in alone if t["nodes"] > 1 and t["seed"] in ones]
+    ones = {t["seed"]: t for t in alone if t["nodes"] == 1 and _sync(t, own) == own}
+    return [Pair(name, t["seed"], t["nodes"], ones[t["seed"]], t, _sync(t, own))
+            for t in alone if t["nodes"] > 1 and t["seed"] in ones]
+
+
+def _sync(trial: dict, own: tuple[int, str]) -> tuple[int, str]:
+    return trial.get("sync_every", own[0]), trial.get("sync_mode", own[1])
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -85,10 +93,12 @@ def _seconds_cell(values: list[float | None]) -> str:
 
 def table(all_pairs: list[Pair]) -> str:
     rows = ["| N | tries | seconds to target, first step / command: median (range) | speedup from the first step (95% interval) "
-            "| from the command | E(N), mean (range) | test accuracy (range) |", "|---|---|---|---|---|---|---|"]
-    ones = {(p.bench, p.seed): p.one for p in all_pairs}.values()
+            "| from the command | E(N), mean (range) | N x E(N) | thousand images to target: median (range) | test accuracy (range) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    ones = list({(p.bench, p.seed): p.one for p in all_pairs}.values())
     rows.append(f"| 1 | {len(ones)} | {_seconds_cell([t['seconds_to_target'] for t in ones])} / "
-                f"{_seconds_cell([t['seconds_to_target_from_launch'] for t in ones])} | - | - | - | {_accuracy_cell(list(ones))} |")
+                f"{_seconds_cell([t['seconds_to_target_from_launch'] for t in ones])} | - | - | - | 1 | "
+                f"{_images_cell(ones)} | {_accuracy_cell(ones)} |")
     for n in sorted({p.nodes for p in all_pairs}):
         at = [p for p in all_pairs if p.nodes == n]
         eff = [p.efficiency for p in at if p.efficiency is not None]
@@ -96,9 +106,27 @@ def table(all_pairs: list[Pair]) -> str:
                     f"{_seconds_cell([p.many['seconds_to_target_from_launch'] for p in at])} | "
                     f"{_ratio_cell([p.ratio('seconds_to_target') for p in at])} | "
                     f"{_ratio_cell([p.ratio('seconds_to_target_from_launch') for p in at])} | "
-                    + (f"{statistics.fmean(eff):.0%} ({min(eff):.0%}-{max(eff):.0%})" if eff else "-")
-                    + f" | {_accuracy_cell([p.many for p in at])} |")
+                    + (f"{statistics.fmean(eff):.0%} ({min(eff):.0%}-{max(eff):.0%}) | {n * statistics.fmean(eff):.2f}x" if eff else "- | -")
+                    + f" | {_images_cell([p.many for p in at])} | {_accuracy_cell([p.many for p in at])} |")
     return "\n".join(rows)
+
+
+def tables(all_pairs: list[Pair]) -> str:
+    """One table per way the multi-node tries talked, every-step first."""
+    out = []
+    for sync in sorted({p.sync for p in all_pairs}):
+        out.append(f"--sync-every {sync[0]} --sync-mode {sync[1]}:\n" + table([p for p in all_pairs if p.sync == sync]))
+    return "\n\n".join(out)
+
+
+def _images_cell(trials: list[dict]) -> str:
+    """Thousands of images to the target; a try that missed it is counted, as a miss."""
+    got = sorted(t["images_to_target"] / 1000 for t in trials if t.get("images_to_target"))
+    missed = len(trials) - len(got)
+    if not got:
+        return "not reached"
+    cell = f"{statistics.median(got):.0f} ({got[0]:.0f}-{got[-1]:.0f})" if len(got) > 1 else f"{got[0]:.0f}"
+    return cell + (f", {missed} missed" if missed else "")
 
 
 def _accuracy_cell(trials: list[dict]) -> str:
@@ -119,7 +147,7 @@ def main() -> None:
         print(f"{name}: {shlex.join(body['command'])}")
     if not found:
         raise SystemExit("no tries to pair: each bench needs a completed one-node try of the same seed")
-    print(table(found))
+    print(tables(found))
 
 
 if __name__ == "__main__":

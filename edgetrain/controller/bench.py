@@ -23,11 +23,12 @@ script with ``--strategy torch``):
       from when backprop produces each gradient (``edgetrain.controller.overlap``); for a script,
       half of the allreduce hidden. Both estimates pay the CPU. Printed, then set beside the
       measurement;
-  (s) with ``--sync-candidates K1,K2,..``, once the N-loop is done: E(N) at the largest N predicted
-      for each K in both modes (``edgetrain.shared.sync``) from (a) and (b), the best-predicted K of
-      each mode measured at that N over ``--repeat`` tries (beside the N-loop's own), and the
-      choice - the shortest median time to the target, or without one the most img/s - recorded in
-      ``bench.json`` for ``edgetrain run --sync-every auto``;
+  (s) with ``--sync-candidates K1,K2,..``: at every N > 1, E(N) predicted for each K in both modes
+      (``edgetrain.shared.sync``) from (a) and (b), and the best-predicted K of each mode measured
+      right after the N-loop's own try at that N, in every try (so the candidates share the
+      N-loop's hour and seed); once the loop is done, the choice at the largest N - the shortest
+      median time to the target, or without one the most img/s - recorded in ``bench.json`` for
+      ``edgetrain run --sync-every auto``;
   (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 
@@ -379,7 +380,8 @@ class Bench:
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
         self.predicted: dict[int, Prediction] = {}
-        self.candidates: list[SyncCandidate] = []  # (s)
+        self.sync_predicted: dict[int, list[SyncCandidate]] = {}  # (s), by N
+        self.candidates: list[SyncCandidate] = []  # (s), at every N: predicted, and measured where tried
         self.choice: dict | None = None
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
@@ -532,6 +534,8 @@ class Bench:
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
                                     for host, t in zip(self.left, alongside)))
                     self.save()
+                if n > 1 and req.sync_candidates:
+                    self.try_syncs(n, attempt)
         if req.sync_candidates:
             self.choose_sync()
         points = self.points()
@@ -565,37 +569,52 @@ class Bench:
             return []
         step, cores = self.batch_size() / one, self.busy_cores()
         found = []
+        # An outer step (--outer-lr, --outer-momentum) is the weights mode's: given one, only it is a candidate.
+        modes = list(SyncMode) if self.sync.plain_average else [SyncMode.WEIGHTS]
         for k in sorted(set(self.req.sync_candidates or ())):
-            for mode in SyncMode:
+            for mode in modes:
                 if k == 1 and mode is SyncMode.WEIGHTS:
                     continue  # averaging every step sends what an allreduce of gradients does, later
                 e = predict(step, ar, Sync(k, mode), self.gradients, cores)
                 found.append(SyncCandidate(k, mode.value, n, e.expected, (e.low, e.high)))
         return found
 
+    def syncs_at(self, n: int) -> list[SyncCandidate]:
+        """(s): every candidate predicted at ``n`` (once, said in a line), or none where one node was not measured."""
+        if n not in self.sync_predicted:
+            self.sync_predicted[n] = self.predict_syncs(n) if 1 in self.nodes else []
+            if self.sync_predicted[n]:
+                self.req.log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
+                    f"{c.sync_every} {c.sync_mode} {c.predicted:.0%} ({c.predicted_range[0]:.0%}-{c.predicted_range[1]:.0%})"
+                    for c in self.sync_predicted[n]))
+        return self.sync_predicted[n]
+
+    def try_syncs(self, n: int, attempt: int) -> None:
+        """(s): each mode's best-predicted candidate at ``n``, tried right after the N-loop's own try."""
+        for c in best_per_mode(self.syncs_at(n)):
+            if c.sync == self.sync:
+                continue  # the N-loop's own try just measured it
+            trial = self.train(n, attempt, sync=c.sync)
+            self.trials.append(trial)
+            self.req.log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
+                         + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial)
+                         + f"  ({trial.run})")
+            self.save()
+
     def choose_sync(self) -> None:
-        """(s): predict every candidate at the largest N, measure each mode's best there, choose."""
+        """(s): the choice at the largest N the candidates were measured at, among each mode's best and the N-loop's own."""
         log = self.req.log
-        n = max((m for m in self.nodes if m > 1 and m <= len(self.left)), default=None)
-        predicted = self.predict_syncs(n) if n is not None and 1 in self.nodes else []
-        if not predicted:
+        n = max((m for m in self.sync_predicted if self.sync_predicted[m]), default=None)
+        if n is None:
             log("(s) no --sync-every chosen: a choice needs 1 and a larger N in --nodes, measured")
             return
-        log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
-            f"{c.sync_every} {c.sync_mode} {c.predicted:.0%} ({c.predicted_range[0]:.0%}-{c.predicted_range[1]:.0%})" for c in predicted))
-        best = best_per_mode(predicted)
-        for attempt in range(1, self.req.repeat + 1):
-            for c in best:
-                trial = self.train(n, attempt, sync=c.sync)
-                self.trials.append(trial)
-                log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
-                    + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial) + f"  ({trial.run})")
-        measured = [self._measured(c, n) for c in best]
+        predicted = self.sync_predicted[n]
+        measured = [self._measured(c, n) for c in best_per_mode(predicted)]
         # The N-loop's own setting at n is a candidate too: it may be best.
         own = next((c for c in predicted if c.sync == self.sync), None)
-        if own is not None and own not in best:
+        if own is not None and own.sync not in {m.sync for m in measured}:
             measured.append(self._measured(own, n))
-        self.candidates = [next((m for m in measured if m.sync == c.sync), c) for c in predicted]
+        self.candidates = [self._measured_if_tried(c, m) for m, at in sorted(self.sync_predicted.items()) for c in at]
         picked = choose(measured)
         if picked is None:
             log(f"(s) no --sync-every chosen: no try at {n} nodes trained")
@@ -606,6 +625,9 @@ class Bench:
         log(f"(s) chose --sync-every {chosen.sync_every} --sync-mode {chosen.sync_mode} on {n} nodes, by {why}: "
             + "; ".join(f"{m.sync_every} {m.sync_mode} " + (f"{m.images_per_sec:,.0f} img/s" if m.images_per_sec else "no img/s")
                         + (f", target at {m.seconds_to_target:.0f} s" if m.seconds_to_target is not None else "") for m in measured))
+
+    def _measured_if_tried(self, c: SyncCandidate, n: int) -> SyncCandidate:
+        return self._measured(c, n) if self._trials(n, sync=c.sync) else c
 
     def _measured(self, c: SyncCandidate, n: int) -> SyncCandidate:
         tries = self._trials(n, sync=c.sync)

@@ -195,7 +195,7 @@ def bench(
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     runs_dir: RunsDirOpt = Path("runs"),
-    sync_candidates: Annotated[Optional[str], typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at the largest N for each --sync-every K (both modes), measure each mode's best there, and record the choice for run --sync-every auto, e.g. 1,2,4,8.")] = None,
+    sync_candidates: Annotated[Optional[str], typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at each N > 1 for each --sync-every K (both modes; given --outer-lr or --outer-momentum, weights only), measure each mode's best right after the N-loop's try there, and record the choice at the largest N for run --sync-every auto, e.g. 1,2,4,8.")] = None,
     options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""

@@ -31,9 +31,10 @@ def _bench_dir(out: str) -> Path:
     return Path(line.split()[1]).parent
 
 
-def test_bench_measures_allreduce_predicts_and_plots(cluster):
+def test_bench_measures_allreduce_predicts_chooses_and_plots_and_run_takes_its_choice(cluster):
     r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
-                  "--max-steps", "8", "--target-accuracy", "0.2", "--reference", "concurrent", env=cluster.env, timeout=900)
+                  "--max-steps", "8", "--target-accuracy", "0.2", "--reference", "concurrent", "--sync-candidates", "1,4",
+                  env=cluster.env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "(a) allreduce on 2 nodes (gloo)" in r.stdout
     # The prediction comes after one node's run and before the first two-node run.
@@ -68,7 +69,36 @@ def test_bench_measures_allreduce_predicts_and_plots(cluster):
     assert "(r) 2 one-node runs at once, try 1: node1 " in out
     # Its figure (what a figure carries: tests/unit/test_plots.py).
     assert f"plot: {d / 'bench.svg'}" in out and "lenet (horovod)" in (d / "bench.svg").read_text()
+    _the_choice_is_measured_on_the_nodes_and_run_takes_it(cluster, d, body, out)
     assert not cluster.leftovers()
+
+
+def _the_choice_is_measured_on_the_nodes_and_run_takes_it(cluster, d: Path, body: dict, out: str) -> None:
+    """--sync-candidates 1,4 at N = 2 on the testbed: K = 4 in both modes, predicted from (a) and
+    measured as ordinary two-node runs; then `run --sync-every auto` on the same inventory (the
+    choice is looked up by it) takes the choice and says so. What else the choice rests on:
+    tests/mpi/test_bench.py and tests/unit/test_sync.py."""
+    kept = {(c["sync_every"], c["sync_mode"]): c for c in body["sync_candidates"]}
+    assert set(kept) == {(1, "grads"), (4, "grads"), (4, "weights")}
+    assert all(0 < c["predicted"] <= 1 and c["nodes"] == 2 for c in kept.values())
+    # Four batches between allreduces hide more of them than one: the model says so before measuring.
+    assert kept[(4, "grads")]["predicted"] > kept[(1, "grads")]["predicted"]
+    for k, mode in ((4, "grads"), (4, "weights")):
+        (run_id,) = kept[(k, mode)]["runs"]
+        info = cluster.run_json(run_id)
+        assert sorted(h["host"] for h in info["placement"]["hosts"]) == ["node1", "node2"]
+        args = info["program"]["args"]
+        assert args[args.index("--sync-every") + 1] == "4" and (mode == "grads") == ("--sync-mode" not in args), args
+        assert info["status"] == "completed" and kept[(k, mode)]["images_per_sec"] > 0
+    choice = body["sync_choice"]
+    assert (choice["sync_every"], choice["sync_mode"]) in kept and choice["nodes"] == 2
+    assert f"(s) chose --sync-every {choice['sync_every']} --sync-mode {choice['sync_mode']} on 2 nodes" in out
+
+    r = edgetrain("run", "lenet", "-i", cluster.inventory, "--np", "2", "--epochs", "1", "--max-steps", "8",
+                  "--sync-every", "auto", env=cluster.env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (f"--sync-every auto: {choice['sync_every']} --sync-mode {choice['sync_mode']}, chosen by bench {d.name} "
+            f"on 2 nodes by {choice['by']}") in r.stdout
 
 
 def test_a_torch_script_is_benched_with_torchs_own_allreduce_across_the_nodes(cluster):

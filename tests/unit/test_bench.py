@@ -334,39 +334,39 @@ def test_advice_counts_the_best_k_the_bench_measured_and_warns_when_even_it_does
     assert "200 img/s" in warning and "with --sync-every 4 grads" in warning and "231 img/s on 1" in warning
 
 
-def test_the_choice_is_made_at_the_largest_n_and_kept_in_bench_json(tmp_path, monkeypatch):
-    """(s)'s flow with each try's training stood in for (a two-node cluster is the testbed's): which
-    settings it runs, in what order, and what bench.json keeps."""
+def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_made_at_the_largest(tmp_path, monkeypatch):
+    """(s)'s flow through the whole bench, with each try's training and the allreduce probe stood in
+    for (a cluster is the testbed's): which settings it runs, in what order, and what bench.json keeps."""
     b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2))
-    b.nodes, b.hosts = [1, 2], b.hosts * 2  # this machine twice: the inventory's one host stands for two nodes
-    b.dir.mkdir(parents=True)
-    b.trials = [bench.Trial(1, "one", 250.0, 100.0, 1000, "completed"), bench.Trial(2, "two", 400.0, 80.0, 1000, "completed")]
-    b.allreduce[2] = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
-                                     run="r", cycle_seconds=0.040)
+    b.nodes, b.hosts = [1, 2, 3], b.hosts * 3  # this machine thrice: the inventory's one host stands for three nodes
     ran = []
     # Weights reach the target sooner in these tries, though accumulating trains faster.
-    figures = {(4, "grads"): (470.0, 75.0), (4, "weights"): (450.0, 60.0)}
+    figures = {(1, "grads"): (250.0, 100.0), (4, "grads"): (470.0, 75.0), (4, "weights"): (450.0, 60.0)}
 
     def train(n, attempt, on=None, beside=0, sync=None):
-        ran.append((n, attempt, sync.sync_every, sync.sync_mode.value))
-        ips, seconds = figures[(sync.sync_every, sync.sync_mode.value)]
-        return bench.Trial(n, f"run-{len(ran)}", ips, seconds + attempt, None, "completed", seconds_to_target_from_launch=seconds + 9,
-                           sync_every=sync.sync_every, sync_mode=sync.sync_mode.value)
+        k, mode = (sync.sync_every, sync.sync_mode.value) if sync else (1, "grads")
+        ran.append((n, attempt, k, mode))
+        ips, seconds = figures[(k, mode)]
+        return bench.Trial(n, f"run-{len(ran)}", ips * (n if k == 1 else n - 1), seconds + attempt - n, None, "completed",
+                           seconds_to_target_from_launch=seconds + 9, sync_every=k, sync_mode=mode, seed=attempt)
 
     monkeypatch.setattr(b, "train", train)
-    b.choose_sync()
-    # Each mode's best-predicted K, interleaved within each try, at the largest N.
-    assert ran == [(2, 1, 4, "grads"), (2, 1, 4, "weights"), (2, 2, 4, "grads"), (2, 2, 4, "weights")]
-    assert b.choice == {"sync_every": 4, "sync_mode": "weights", "nodes": 2, "by": "time to the target",
-                        "images_per_sec": 450.0, "seconds_to_target": 61.5}
-    b.save(b.points())
+    monkeypatch.setattr(b, "measure_allreduce", lambda n, nbytes: bench.Allreduce(
+        nodes=n, bytes=nbytes, seconds=0.040 * n, cpu_seconds=0.05, latency_seconds=0.010, run="r", cycle_seconds=0.040))
+    points = b.run()
+    # Each mode's best-predicted K right after the N-loop's own try, at every N > 1, in every try.
+    each = [(1, "grads"), (4, "grads"), (4, "weights")]
+    assert ran == [(n, a, k, m) for a in (1, 2) for n in (1, 2, 3) for (k, m) in (each[:1] if n == 1 else each)]
+    assert b.choice == {"sync_every": 4, "sync_mode": "weights", "nodes": 3, "by": "time to the target",
+                        "images_per_sec": 900.0, "seconds_to_target": 58.5}
     body = json.loads((b.dir / "bench.json").read_text())
     assert body["sync_choice"] == b.choice
-    kept = {(c["sync_every"], c["sync_mode"]): c for c in body["sync_candidates"]}
-    assert set(kept) == {(1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights")}
-    assert kept[(4, "grads")]["runs"] == ["run-1", "run-3"] and kept[(2, "grads")]["runs"] == []
-    # The N-loop's own setting (every step) measured at 2 nodes stands as a candidate too, with its try.
-    assert kept[(1, "grads")]["runs"] == ["two"] and kept[(1, "grads")]["seconds_to_target"] == 80.0
-    # The points are the N-loop's alone: the candidates' tries are not medians of N = 2.
-    assert [t.run for t in b.points()[1].trials] == ["two"]
+    kept = {(c["sync_every"], c["sync_mode"], c["nodes"]): c for c in body["sync_candidates"]}
+    assert set(kept) == {(k, m, n) for n in (2, 3) for k, m in ((1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights"))}
+    assert kept[(4, "grads", 2)]["runs"] == ["run-3", "run-10"] and kept[(4, "grads", 3)]["runs"] == ["run-6", "run-13"]
+    assert kept[(2, "grads", 3)]["runs"] == [] and kept[(2, "grads", 3)]["images_per_sec"] is None
+    # The N-loop's own setting (every step) stands as a candidate too, with its tries.
+    assert kept[(1, "grads", 3)]["runs"] == ["run-5", "run-12"] and kept[(1, "grads", 3)]["seconds_to_target"] == 98.5
+    # The points are the N-loop's alone: the candidates' tries are not medians of any N.
+    assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
     assert bench.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice
