@@ -1,0 +1,30 @@
+"""lab/knobs.py's inventory copies: the variable set where the inventory sets the ranks' environment."""
+
+import yaml
+
+from lab import knobs
+
+
+def test_the_value_goes_into_every_mpi_env_the_inventory_sets_and_keeps_the_rest():
+    text = """all:
+  children:
+    cluster:
+      vars:
+        edgetrain_mpi_env:
+          UCX_TLS: tcp,self
+      hosts:
+        node1: {ansible_host: 198.18.0.11}
+        node2: {ansible_host: 198.18.0.12, edgetrain_mpi_env: {HOROVOD_CYCLE_TIME: "1"}}
+"""
+    inv = yaml.safe_load(knobs.with_env(text, "HOROVOD_CYCLE_TIME", "20"))
+    cluster = inv["all"]["children"]["cluster"]
+    assert cluster["vars"]["edgetrain_mpi_env"] == {"UCX_TLS": "tcp,self", "HOROVOD_CYCLE_TIME": "20"}
+    # A host's own setting would win over the group's: it gets the value too.
+    assert cluster["hosts"]["node2"]["edgetrain_mpi_env"] == {"HOROVOD_CYCLE_TIME": "20"}
+    assert cluster["hosts"]["node1"] == {"ansible_host": "198.18.0.11"}
+
+
+def test_an_inventory_without_one_gets_it_for_all_hosts():
+    inv = yaml.safe_load(knobs.with_env("all:\n  hosts:\n    node1: {}\n", "HOROVOD_FUSION_THRESHOLD", "0"))
+    assert inv["all"]["vars"]["edgetrain_mpi_env"] == {"HOROVOD_FUSION_THRESHOLD": "0"}
+    assert inv["all"]["hosts"] == {"node1": {}}
