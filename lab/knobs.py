@@ -5,8 +5,8 @@ for each try, ``edgetrain run lenet`` once for every value, in turn (values inte
 shares this machine's hour), on a copy of the inventory whose ``edgetrain_mpi_env`` sets the
 variable to that value - the way a user would set it. Per value, the median steady img/s
 (edgetrain.controller.bench.steady_rate) and images per CPU-second over every rank's process
-(cpu_rate: where communicating costs a node CPU, it falls). ``--np 1`` in ``--reference`` adds one
-node's run per try, for E(N). The figures, with every run's id, go to ``knobs.json`` in the runs
+(cpu_rate: where communicating costs a node CPU, it falls). ``--reference`` adds a one-node run
+per try, for E(N). The figures, with every run's id, go to ``knobs.json`` in the runs
 directory's newest ``*-knobs`` folder.
 """
 
@@ -100,10 +100,9 @@ def main() -> None:
         at = [t for t in tries if t["value"] == v]
         ips = sorted(t["images_per_sec"] for t in at if t["images_per_sec"])
         med = statistics.median(ips) if ips else None
+        cpu = _median([t["images_per_cpu_second"] for t in at])
         print(f"| {v} | {len(at)} | " + (f"{med:,.0f} ({ips[0]:,.0f}-{ips[-1]:,.0f})" if ips else "-") + " | "
-              + (f"{med / (a.np * one):.0%}" if med and one else "-") + " | "
-              + (f"{_median([t['images_per_cpu_second'] for t in at]):,.0f}" if _median([t['images_per_cpu_second'] for t in at]) else "-")
-              + " |")
+              + (f"{med / (a.np * one):.0%}" if med and one else "-") + " | " + (f"{cpu:,.0f}" if cpu else "-") + " |")
     print(f"kept: {out / 'knobs.json'}")
 
 

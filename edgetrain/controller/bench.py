@@ -608,13 +608,9 @@ class Bench:
         if n is None:
             log("(s) no --sync-every chosen: a choice needs 1 and a larger N in --nodes, measured")
             return
-        predicted = self.sync_predicted[n]
-        measured = [self._measured(c, n) for c in best_per_mode(predicted)]
-        # The N-loop's own setting at n is a candidate too: it may be best.
-        own = next((c for c in predicted if c.sync == self.sync), None)
-        if own is not None and own.sync not in {m.sync for m in measured}:
-            measured.append(self._measured(own, n))
         self.candidates = [self._measured_if_tried(c, m) for m, at in sorted(self.sync_predicted.items()) for c in at]
+        # What was tried at n: each mode's best, and the N-loop's own setting, which may be best.
+        measured = [c for c in self.candidates if c.nodes == n and c.runs]
         picked = choose(measured)
         if picked is None:
             log(f"(s) no --sync-every chosen: no try at {n} nodes trained")
