@@ -82,7 +82,17 @@ class Lanes:
 LANES = pytest.StashKey[Lanes]()
 
 
+def interrupt_on_sigterm(signum, frame) -> None:
+    """SIGTERM (``timeout``, a CI job's limit, ``kill``) ends the session as Ctrl-C does: pytest
+    then tears its fixtures down. Killed outright, it would leave the testbed's namespaces, sshds
+    and engines and the tests' Docker engine behind. A second SIGTERM is ignored, so as not to
+    break that teardown half-way."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config) -> None:
+    signal.signal(signal.SIGTERM, interrupt_on_sigterm)
     for name, text in OPT_IN.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     workerinput = getattr(config, "workerinput", None)  # a lane of pytest-xdist
