@@ -8,12 +8,18 @@ variable to that value - the way a user would set it. Per value, the median stea
 (cpu_rate: where communicating costs a node CPU, it falls). ``--reference`` adds a one-node run
 per try, for E(N). The figures, with every run's id, go to ``knobs.json`` in the runs
 directory's newest ``*-knobs`` folder.
+
+A NAME that begins with ``-`` is the script's own option instead, given after edgetrain run's
+``--``: ``--job examples/torch_ddp/train.py --set=--bucket-cap-mb=1,5,25 -- --strategy torch --
+--epochs 2``. A script that records no evaluations (edgetrain.ddp's Progress does) is read by
+the last ``N img/s`` its rank 0 printed, its last epoch's as the DDP example prints it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +52,18 @@ def with_env(text: str, name: str, value: str) -> str:
     return yaml.safe_dump(inv, sort_keys=False)
 
 
+def with_option(args: list[str], name: str, value: str) -> list[str]:
+    """edgetrain run's arguments with ``name value`` last among the script's (after its ``--``)."""
+    return [*args, *([] if "--" in args else ["--"]), name, value]
+
+
+def logged_rate(run: runs.Run) -> float | None:
+    """The last ``N img/s`` rank 0 printed."""
+    log = run.log(0)
+    found = re.findall(r"([\d,.]+) img/s", log.read_text(errors="replace")) if log.exists() else []
+    return float(found[-1].replace(",", "")) if found else None
+
+
 def one_run(inventory: Path, job: str, np: int, args: list[str], root: Path) -> dict:
     before = {p.name for p in root.iterdir()} if root.exists() else set()
     proc = subprocess.run([sys.executable, "-m", "edgetrain", "run", job, "--np", str(np), "-i", str(inventory),
@@ -54,7 +72,8 @@ def one_run(inventory: Path, job: str, np: int, args: list[str], root: Path) -> 
     if proc.returncode != 0 or not new:
         raise SystemExit(f"edgetrain run failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     run = runs.Run(new[-1])
-    return {"run": run.id, "np": np, "images_per_sec": steady_rate(run), "images_per_cpu_second": cpu_rate(run)}
+    rate = steady_rate(run) or logged_rate(run)
+    return {"run": run.id, "np": np, "images_per_sec": rate, "images_per_cpu_second": cpu_rate(run)}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -77,20 +96,23 @@ def main() -> None:
     values = [v for v in values.split(",") if v]
     if not name or not values:
         raise SystemExit("--set NAME=V1,V2,.. names a variable and at least one value")
-    out = a.runs_dir / runs.new_id(f"knobs-{name.lower()}")
+    out = a.runs_dir / runs.new_id(f"knobs-{name.lower().lstrip('-')}")
     out.mkdir(parents=True)
     text = a.inventory.read_text()
-    inventories = {}
+    inventories, options = {}, {}
     for v in values:
-        inventories[v] = out / f"inventory-{v}.yml"
-        inventories[v].write_text(with_env(text, name, v))
+        if name.startswith("-"):
+            inventories[v], options[v] = a.inventory, with_option(a.args, name, v)
+        else:
+            inventories[v], options[v] = out / f"inventory-{v}.yml", a.args
+            inventories[v].write_text(with_env(text, name, v))
     tries: list[dict] = []
     for attempt in range(1, a.repeat + 1):
         if a.reference:
             tries.append({**one_run(a.inventory, a.job, 1, a.args, a.runs_dir), "value": None, "try": attempt})
             print(f"try {attempt}: 1 node {tries[-1]['images_per_sec'] or 0:,.0f} img/s", flush=True)
         for v in values:
-            tries.append({**one_run(inventories[v], a.job, a.np, a.args, a.runs_dir), "value": v, "try": attempt})
+            tries.append({**one_run(inventories[v], a.job, a.np, options[v], a.runs_dir), "value": v, "try": attempt})
             print(f"try {attempt}: {name}={v} {tries[-1]['images_per_sec'] or 0:,.0f} img/s, "
                   f"{tries[-1]['images_per_cpu_second'] or 0:,.0f} img/CPU-s  ({tries[-1]['run']})", flush=True)
             (out / "knobs.json").write_text(json.dumps({"set": name, "np": a.np, "args": a.args, "tries": tries}, indent=2) + "\n")

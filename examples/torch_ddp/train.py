@@ -12,6 +12,11 @@ the classic mnist.pkl.gz); elsewhere pass --data DIR holding either file.
 With --holdout N the script keeps N training images out (a fixed draw, the same at every seed),
 scores them every --eval-every steps and at each epoch's end, and with --target-accuracy stops
 once they reach it: time to accuracy, MLPerf's way, with the test set scored once at the end.
+
+DDP's own knobs for slow nodes and links: --bucket-cap-mb (how much gradient each allreduce
+carries; smaller buckets start sooner behind the backward pass, at more calls) and --comm-hook
+(fp16: half the bytes; powersgd: a rank-1 approximation of each gradient matrix, far fewer bytes
+for more arithmetic).
 """
 
 import argparse
@@ -26,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -93,6 +99,8 @@ def main():
     p.add_argument("--holdout", type=int, default=0, help="keep this many training images out and score them as training goes")
     p.add_argument("--eval-every", type=int, default=None, help="score the held-out images every this many steps, besides each epoch's end")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once the held-out images score this")
+    p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient bucket size (its default: 25)")
+    p.add_argument("--comm-hook", choices=["fp16", "powersgd"], default=None, help="compress the gradients DDP sends")
     args = p.parse_args()
     if args.target_accuracy is not None and not args.holdout:
         p.error("--target-accuracy is judged on held-out images: give --holdout")
@@ -113,7 +121,14 @@ def main():
     train = tensors(x, y)
     sampler = DistributedSampler(train, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    model = DDP(LeNet().to(device), device_ids=[local_rank] if cuda else None)
+    model = DDP(LeNet().to(device), device_ids=[local_rank] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
+    if args.comm_hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        # torch's default sends plain allreduces for the first 1,000 steps, longer than a short run
+        # on a few Pis lasts: compress from the 10th.
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=10)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     # The learning rate scaled with the ranks, as Horovod's examples scale it.
     opt = torch.optim.Adam(model.parameters(), lr=args.lr * world)
 

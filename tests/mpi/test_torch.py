@@ -323,3 +323,25 @@ def test_the_torch_extras_record_epochs_checkpoint_and_resume(tmp_path):
     # Both ranks start from rank 0's checkpoint of epoch 2, the other node's rank included.
     assert f"rank 0 starts at epoch 2 with bias {ended}" in text and f"rank 1 starts at epoch 2 with bias {ended}" in text
     assert [m["epoch"] for m in run.metrics()] == [1, 2, 3] and run.record().attempts[-1].resumed_from_epoch == 2
+
+
+def step_losses(stdout: str) -> list[str]:
+    return re.findall(r"step \d+/\d+: loss ([\d.]+)", stdout)
+
+
+def test_the_ddp_examples_bucket_size_and_compression_hooks_change_what_is_sent_not_the_start(tmp_path):
+    """The same seed, the same data: the first step's loss (before anything was sent) is the same
+    with every hook, and each hook's gradients (fp16, PowerSGD from step 10) move the model off
+    plain allreduce's path, where a smaller bucket (the same sums) stays on it."""
+    losses = {}
+    for name, extra in {"plain": [], "1 MB buckets": ["--bucket-cap-mb", "1"], "fp16": ["--comm-hook", "fp16"],
+                        "powersgd": ["--comm-hook", "powersgd"]}.items():
+        r = edgetrain("run", str(EXAMPLES / "torch_ddp" / "train.py"), *TORCH, "--runs-dir", str(tmp_path / name.replace(" ", "-")),
+                      "--", "--epochs", "1", "--steps-per-epoch", "25", "--log-interval", "1", *extra, timeout=600)
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        losses[name] = step_losses(r.stdout)
+        assert len(losses[name]) == 25, (name, r.stdout[-3000:])
+    assert len({run[0] for run in losses.values()}) == 1, losses
+    assert losses["1 MB buckets"] == losses["plain"], losses
+    assert losses["fp16"] != losses["plain"] and losses["powersgd"][10:] != losses["plain"][10:], losses
+    assert losses["powersgd"][:10] == losses["plain"][:10], losses  # plain allreduce until PowerSGD starts
