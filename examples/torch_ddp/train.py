@@ -100,7 +100,7 @@ def main():
     p.add_argument("--eval-every", type=int, default=None, help="score the held-out images every this many steps, besides each epoch's end")
     p.add_argument("--target-accuracy", type=float, default=None, help="stop once the held-out images score this")
     p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP's gradient bucket size (its default: 25)")
-    p.add_argument("--comm-hook", choices=["fp16", "powersgd"], default=None, help="compress the gradients DDP sends")
+    p.add_argument("--comm-hook", choices=["none", "fp16", "powersgd"], default="none", help="compress the gradients DDP sends")
     args = p.parse_args()
     if args.target_accuracy is not None and not args.holdout:
         p.error("--target-accuracy is judged on held-out images: give --holdout")

@@ -334,7 +334,7 @@ def test_the_ddp_examples_bucket_size_and_compression_hooks_change_what_is_sent_
     with every hook, and each hook's gradients (fp16, PowerSGD from step 10) move the model off
     plain allreduce's path, where a smaller bucket (the same sums) stays on it."""
     losses = {}
-    for name, extra in {"plain": [], "1 MB buckets": ["--bucket-cap-mb", "1"], "fp16": ["--comm-hook", "fp16"],
+    for name, extra in {"plain": ["--comm-hook", "none"], "1 MB buckets": ["--bucket-cap-mb", "1"], "fp16": ["--comm-hook", "fp16"],
                         "powersgd": ["--comm-hook", "powersgd"]}.items():
         r = edgetrain("run", str(EXAMPLES / "torch_ddp" / "train.py"), *TORCH, "--runs-dir", str(tmp_path / name.replace(" ", "-")),
                       "--", "--epochs", "1", "--steps-per-epoch", "25", "--log-interval", "1", *extra, timeout=600)
