@@ -2,8 +2,9 @@
 # The torch strategy on a machine with a GPU and a CUDA build of torch: the DDP LeNet example with
 # NCCL on one GPU, three ways in turn - `edgetrain run` on the host runtime (MPICH's mpirun, where
 # one is on PATH), edgetrain's worker started as Hydra starts it (PMI_RANK, PMI_SIZE), and torchrun;
-# then two Gloo ranks, the seed's placeholders, a peer that never joins (named after the 60 s join
-# timeout), and two NCCL ranks asked of a one-GPU host.
+# then the example's --comm-hook fp16/powersgd and --bucket-cap-mb 1 on NCCL, two Gloo ranks, the
+# seed's placeholders, a peer that never joins (named after the 60 s join timeout), and two NCCL
+# ranks asked of a one-GPU host.
 #   tests/torch_gpu_check.sh DATA_DIR    (DATA_DIR/mnist/ holds mnist.npz or mnist.pkl.gz)
 set -u
 cd "$(dirname "$0")/.."
@@ -32,6 +33,14 @@ for i in 1 2 3; do
   echo "--- the same under torchrun, try $i"
   t0=$(clock)
   (cd "$scratch/t$i" && EDGETRAIN_DATA=$DATA torchrun --nproc-per-node 1 --master-port "2960$i" "$EX/torch_ddp/train.py" --epochs 2 --steps-per-epoch 300 2>&1 | grep -E "epoch|accuracy")
+  took "$t0" "$(clock)"
+done
+# What the example sends (issue 66's knobs) on NCCL: the fp16 and PowerSGD hooks on CUDA tensors,
+# and DDP's buckets at 1 MB, each through the worker, beside the plain allreduce above.
+for knob in "--comm-hook fp16" "--comm-hook powersgd" "--bucket-cap-mb 1"; do
+  echo "--- DDP LeNet, NCCL, 1 rank, $knob: edgetrain's worker"
+  mkdir -p "$scratch/k${knob// /}"; t0=$(clock)
+  PMI_RANK=0 PMI_SIZE=1 worker "$scratch/k${knob// /}" 29610 '[["gpu1",1]]' "$EX/torch_ddp/train.py" -- --epochs 2 --steps-per-epoch 300 $knob | grep -E "epoch|accuracy"
   took "$t0" "$(clock)"
 done
 echo "--- torchrun-style script, Gloo, 2 ranks"
