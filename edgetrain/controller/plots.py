@@ -7,6 +7,7 @@ more runs' accuracy and img/s over their time.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ BENCH = "bench.json"
 _FIGURE = untrusted.Maybe(untrusted.NUMBER)
 _TRIAL = untrusted.Obj(optional={"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})
 _NODES = untrusted.Matches(re.compile(r"[1-9][0-9]{0,3}"), "a number of nodes")
+_SYNC_MODE = untrusted.Matches(re.compile("|".join(m.value for m in SyncMode)), "a --sync-mode")
 SCHEMA = untrusted.Obj(
     {"points": untrusted.Maybe(untrusted.ListOf(untrusted.Obj(
         {"nodes": (int,), "trials": untrusted.ListOf(_TRIAL)},
@@ -28,10 +30,13 @@ SCHEMA = untrusted.Obj(
     {"inventory": untrusted.Maybe((str,)), "target_accuracy": _FIGURE,
      "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES),
      "predicted_range": untrusted.MapOf(untrusted.ListOf(untrusted.NUMBER, 2), _NODES),
+     "sync_every": (int,), "sync_mode": _SYNC_MODE,
+     "sync_candidates": untrusted.ListOf(untrusted.Obj(
+         {"sync_every": (int,), "sync_mode": _SYNC_MODE, "nodes": (int,)},
+         {"predicted": _FIGURE, "images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})),
      # What `run --sync-every auto` takes: checked here, and again as the option it becomes.
      "sync_choice": untrusted.Maybe(untrusted.Obj(
-         {"sync_every": (int,), "nodes": (int,), "by": (str,),
-          "sync_mode": untrusted.Matches(re.compile("|".join(m.value for m in SyncMode)), "a --sync-mode")},
+         {"sync_every": (int,), "nodes": (int,), "by": (str,), "sync_mode": _SYNC_MODE},
          {"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE}))})
 
 
@@ -83,15 +88,35 @@ def _spread(values: list[float], middle: float) -> tuple[float, float]:
     return (middle - min(values), max(values) - middle) if values else (0.0, 0.0)
 
 
+def _sync_name(k: int, mode: str) -> str:
+    return f"--sync-every {k} {mode}"
+
+
+def _syncs(body: dict) -> tuple[str, dict[str, list[dict]]]:
+    """The N-loop's own --sync-every setting's legend name, and the measured candidates other than it
+    by theirs, each in N order."""
+    own = _sync_name(body.get("sync_every") or 1, body.get("sync_mode") or SyncMode.GRADS.value)
+    found: dict[str, list[dict]] = {}
+    for c in sorted(body.get("sync_candidates") or [], key=lambda c: c["nodes"]):
+        name = _sync_name(c["sync_every"], c["sync_mode"])
+        if c.get("images_per_sec") and name != own:
+            found.setdefault(name, []).append(c)
+    return own, found
+
+
 def bench_figure(benches: list[tuple[str, dict]]):
     """img/s against N (median of the tries, their range as error bars, the ideal N x R(1) dashed),
     E(N) measured and predicted (the band from nothing to all of the allreduce hidden, shaded), and
-    the seconds to the target accuracy - one series per (label, bench.json body)."""
+    the seconds to the target accuracy - one series per (label, bench.json body), and one more per
+    --sync-every candidate the bench measured besides its own setting."""
     plt = _pyplot()
     fig, (rate, eff, target) = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
     goals = set()
-    for i, (label, body) in enumerate(benches):
-        colour = f"C{i}"
+    colours = (f"C{i}" for i in itertools.count())
+    for bench_label, body in benches:
+        colour = next(colours)
+        own, others = _syncs(body)
+        label = f"{bench_label}: {own}" if others else bench_label
         points = [p for p in body.get("points") or [] if p.get("images_per_sec")]
         for ax, key, trial_key in ((rate, "images_per_sec", "images_per_sec"), (target, "seconds_to_target", "seconds_to_target")):
             shown = [p for p in points if p.get(key) is not None]
@@ -113,6 +138,18 @@ def bench_figure(benches: list[tuple[str, dict]]):
             band = sorted((int(n), lo, hi) for n, (lo, hi) in (body.get("predicted_range") or {}).items())
             if band:
                 eff.fill_between([n for n, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band], color=colour, alpha=0.12)
+        refs = {p["nodes"]: p.get("reference") or one for p in points}
+        for name, found in others.items():
+            colour, name = next(colours), f"{bench_label}: {name}"
+            for ax, key in ((rate, "images_per_sec"), (target, "seconds_to_target")):
+                shown = [c for c in found if c.get(key) is not None]
+                ax.plot([c["nodes"] for c in shown], [c[key] for c in shown], color=colour, marker="s", label=name)
+            measured = [(c["nodes"], c["images_per_sec"] / (c["nodes"] * refs[c["nodes"]])) for c in found if refs.get(c["nodes"])]
+            if measured:
+                eff.plot(*zip(*measured), color=colour, marker="s", label=f"{name}: measured")
+            eff.plot([c["nodes"] for c in found if c.get("predicted") is not None],
+                     [c["predicted"] for c in found if c.get("predicted") is not None],
+                     color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
         if body.get("target_accuracy"):
             goals.add(body["target_accuracy"])
     rate.set(title="img/s (median; bars: the tries' range)", xlabel="nodes N", ylabel="images / s")

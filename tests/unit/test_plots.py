@@ -65,6 +65,39 @@ def test_the_ideal_line_is_n_times_the_one_node_rate_e_n_divides_by():
     assert ideal == {"alone: N x one node": [[1, 100], [2, 200], [3, 300]], "concurrent: N x one node": [[1, 100], [2, 180], [3, 255]]}
 
 
+def test_each_sync_every_candidate_bench_measured_is_a_series_of_its_own():
+    body = _bench(1.0)
+    body["points"][2]["reference"] = 90  # --reference concurrent at N = 3
+    body["sync_candidates"] = [
+        {"sync_every": 1, "sync_mode": "grads", "nodes": 2, "predicted": 0.9, "images_per_sec": 190},  # the N-loop's own
+        {"sync_every": 2, "sync_mode": "grads", "nodes": 3, "predicted": 0.93, "images_per_sec": 243, "seconds_to_target": 110.0},
+        {"sync_every": 2, "sync_mode": "grads", "nodes": 2, "predicted": 0.96, "images_per_sec": 196, "seconds_to_target": None},
+        {"sync_every": 2, "sync_mode": "weights", "nodes": 2, "predicted": 0.97, "images_per_sec": None},  # predicted, not tried
+        {"sync_every": 4, "sync_mode": "weights", "nodes": 2, "predicted": 0.98, "images_per_sec": 150, "seconds_to_target": 200.0},
+    ]
+    rate, eff, target = plots.bench_figure([("pi", plots.untrusted.check(body, plots.SCHEMA))]).axes
+    series = {ax: {line.get_label(): line.get_xydata().tolist() for line in ax.lines} for ax in (rate, eff, target)}
+    assert series[rate]["pi: --sync-every 2 grads"] == [[2, 196], [3, 243]]
+    assert series[rate]["pi: --sync-every 4 weights"] == [[2, 150]]
+    assert series[target]["pi: --sync-every 2 grads"] == [[3, 110.0]]  # N = 2's try missed the target
+    # E(N) divides by each N's own one-node rate: N = 3's concurrent reference, N = 2's the run alone.
+    assert [v for xy in series[eff]["pi: --sync-every 2 grads: measured"] for v in xy] == pytest.approx([2, 0.98, 3, 0.9])
+    assert series[eff]["pi: --sync-every 2 grads: predicted"] == [[2, 0.96], [3, 0.93]]
+    # The N-loop's series named by its own setting, not drawn again; a candidate only predicted not drawn.
+    assert series[eff]["pi: --sync-every 1 grads: measured"][0] == [1, 1.0]
+    assert not [name for ax in series.values() for name in ax if "2 weights" in name]
+    assert [line.get_label() for line in rate.lines if "--sync-every 1 " in line.get_label()] == ["pi: --sync-every 1 grads: N x one node"]
+    colours = {line.get_color() for line in rate.lines if line.get_label() in ("pi: --sync-every 2 grads", "pi: --sync-every 4 weights")}
+    assert len(colours) == 2 and rate.containers[0].lines[0].get_color() not in colours
+
+
+def test_a_damaged_sync_candidate_is_refused_before_it_is_drawn():
+    body = _bench(1.0)
+    body["sync_candidates"] = [{"sync_every": 2, "sync_mode": "sideways", "nodes": 2}]
+    with pytest.raises(ValueError, match="sync_mode"):
+        plots.untrusted.check(body, plots.SCHEMA)
+
+
 def test_a_run_figure_shows_accuracy_and_img_s_over_time(tmp_path):
     run = runs.create(tmp_path, "lenet")
     (run.path / "run.json").write_text("{}")
