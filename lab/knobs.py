@@ -81,6 +81,11 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
+def _figure(value: float | None) -> str:
+    """A measured figure, or "-" where the run gave none (it failed, or kept no CPU time)."""
+    return f"{value:,.0f}" if value else "-"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m lab.knobs", description=__doc__.splitlines()[0])
     p.add_argument("-i", "--inventory", type=Path, required=True)
@@ -110,11 +115,11 @@ def main() -> None:
     for attempt in range(1, a.repeat + 1):
         if a.reference:
             tries.append({**one_run(a.inventory, a.job, 1, a.args, a.runs_dir), "value": None, "try": attempt})
-            print(f"try {attempt}: 1 node {tries[-1]['images_per_sec'] or 0:,.0f} img/s", flush=True)
+            print(f"try {attempt}: 1 node {_figure(tries[-1]['images_per_sec'])} img/s", flush=True)
         for v in values:
             tries.append({**one_run(inventories[v], a.job, a.np, options[v], a.runs_dir), "value": v, "try": attempt})
-            print(f"try {attempt}: {name}={v} {tries[-1]['images_per_sec'] or 0:,.0f} img/s, "
-                  f"{tries[-1]['images_per_cpu_second'] or 0:,.0f} img/CPU-s  ({tries[-1]['run']})", flush=True)
+            print(f"try {attempt}: {name}={v} {_figure(tries[-1]['images_per_sec'])} img/s, "
+                  f"{_figure(tries[-1]['images_per_cpu_second'])} img/CPU-s  ({tries[-1]['run']})", flush=True)
             (out / "knobs.json").write_text(json.dumps({"set": name, "np": a.np, "args": a.args, "tries": tries}, indent=2) + "\n")
     one = _median([t["images_per_sec"] for t in tries if t["value"] is None])
     print(f"| {name} | tries | img/s at {a.np} nodes, median (range) | E({a.np}) | img/CPU-s |\n|---|---|---|---|---|")
@@ -124,7 +129,7 @@ def main() -> None:
         med = statistics.median(ips) if ips else None
         cpu = _median([t["images_per_cpu_second"] for t in at])
         print(f"| {v} | {len(at)} | " + (f"{med:,.0f} ({ips[0]:,.0f}-{ips[-1]:,.0f})" if ips else "-") + " | "
-              + (f"{med / (a.np * one):.0%}" if med and one else "-") + " | " + (f"{cpu:,.0f}" if cpu else "-") + " |")
+              + (f"{med / (a.np * one):.0%}" if med and one else "-") + f" | {_figure(cpu)} |")
     print(f"kept: {out / 'knobs.json'}")
 
 

@@ -44,3 +44,7 @@ def test_a_script_without_evaluations_is_read_by_the_last_rate_rank_0_printed(tm
     run.log(0).write_text("epoch 1/2: loss 0.4120, 12,345 img/s on 3 ranks\n"
                           "epoch 2/2: loss 0.1210, 1,234.5 img/s on 3 ranks\ntest accuracy 0.9712\n")
     assert knobs.logged_rate(run) == 1234.5
+
+
+def test_a_figure_a_run_did_not_give_is_a_dash_not_zero():
+    assert [knobs._figure(v) for v in (None, 0, 1183.4)] == ["-", "-", "1,183"]
