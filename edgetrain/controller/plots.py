@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from edgetrain.shared import runs, untrusted
-from edgetrain.shared.sync import SyncMode
+from edgetrain.shared.sync import EVERY_STEP, SyncMode
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 BENCH = "bench.json"
@@ -95,7 +95,7 @@ def _sync_name(k: int, mode: str) -> str:
 def _syncs(body: dict) -> tuple[str, dict[str, list[dict]]]:
     """The N-loop's own --sync-every setting's legend name, and the measured candidates other than it
     by theirs, each in N order."""
-    own = _sync_name(body.get("sync_every") or 1, body.get("sync_mode") or SyncMode.GRADS.value)
+    own = _sync_name(body.get("sync_every") or EVERY_STEP.sync_every, body.get("sync_mode") or EVERY_STEP.sync_mode.value)
     found: dict[str, list[dict]] = {}
     for c in sorted(body.get("sync_candidates") or [], key=lambda c: c["nodes"]):
         name = _sync_name(c["sync_every"], c["sync_mode"])
@@ -126,7 +126,8 @@ def bench_figure(benches: list[tuple[str, dict]]):
                         capsize=3, label=label)
         # N x the one-node rate E(N) divides by (bench --reference concurrent: N's own; older benches: N = 1's).
         one = next((p["images_per_sec"] for p in points if p["nodes"] == 1), None)
-        ideal = [(p["nodes"], p["nodes"] * (p.get("reference") or one)) for p in points if p.get("reference") or one]
+        refs = {p["nodes"]: p.get("reference") or one for p in points}
+        ideal = [(n, n * ref) for n, ref in refs.items() if ref]
         if ideal:
             rate.plot(*zip(*ideal), color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
         eff.plot([p["nodes"] for p in points if p.get("efficiency") is not None],
@@ -138,7 +139,6 @@ def bench_figure(benches: list[tuple[str, dict]]):
             band = sorted((int(n), lo, hi) for n, (lo, hi) in (body.get("predicted_range") or {}).items())
             if band:
                 eff.fill_between([n for n, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band], color=colour, alpha=0.12)
-        refs = {p["nodes"]: p.get("reference") or one for p in points}
         for name, found in others.items():
             colour, name = next(colours), f"{bench_label}: {name}"
             for ax, key in ((rate, "images_per_sec"), (target, "seconds_to_target")):
@@ -147,9 +147,9 @@ def bench_figure(benches: list[tuple[str, dict]]):
             measured = [(c["nodes"], c["images_per_sec"] / (c["nodes"] * refs[c["nodes"]])) for c in found if refs.get(c["nodes"])]
             if measured:
                 eff.plot(*zip(*measured), color=colour, marker="s", label=f"{name}: measured")
-            eff.plot([c["nodes"] for c in found if c.get("predicted") is not None],
-                     [c["predicted"] for c in found if c.get("predicted") is not None],
-                     color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
+            expected = [(c["nodes"], c["predicted"]) for c in found if c.get("predicted") is not None]
+            if expected:
+                eff.plot(*zip(*expected), color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
         if body.get("target_accuracy"):
             goals.add(body["target_accuracy"])
     rate.set(title="img/s (median; bars: the tries' range)", xlabel="nodes N", ylabel="images / s")
