@@ -3,7 +3,7 @@
 Keras 2.11+'s Adam updates each weight in about a dozen element-wise operations, each one pass
 over the weight and its two moments; LeNet's Dense kernel alone is 6.4 MB. TensorFlow's
 ``ResourceApplyAdam`` does the same arithmetic in one pass. On this project's CPUs, one thread,
-LeNet at batch 64, it took a step from 28.4 to 26.3 ms of CPU (docs/scaling.md); on a Raspberry
+LeNet at batch 64, it took a step from 28.4 to 26.3 ms of CPU (docs/scaling-history.md); on a Raspberry
 Pi, whose caches hold none of those arrays, every pass goes to memory.
 
 The state is Keras' own (the same moments, ``build()``, checkpoints, Horovod's wrapper), so a

@@ -3,7 +3,7 @@
 Before its first step Keras traces its training function into a graph: Python that runs once, on
 one core, while every rank waits. LeNet at 8 steps per execution spent 2.3 s of this machine's CPU
 more on its first execution than on a later one - 13 s of an emulated Pi 4's time, at every number
-of nodes, before the first image of the time to accuracy (docs/scaling.md). Most of it was two things:
+of nodes, before the first image of the time to accuracy (docs/scaling-history.md). Most of it was two things:
 
 - Horovod wraps its gradient allreduce in a ``tf.function`` with AutoGraph on, so the first trace
   converts Horovod's Python, statement by statement, into graph code (about 1.2 s). That Python

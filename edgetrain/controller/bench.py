@@ -447,7 +447,7 @@ class Bench:
         steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
-        # a steady rate at more nodes (docs/scaling.md, the fashion model).
+        # a steady rate at more nodes (docs/scaling-history.md, the fashion model).
         steps = min(steps, o.max_steps) if o.max_steps else steps
         if sync is not None:
             o = replace(o, sync_every=sync.sync_every, sync_mode=sync.sync_mode)

@@ -429,7 +429,7 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
 @runs_app.command("plot")
 def runs_plot(ids: Annotated[list[str], typer.Argument(metavar="RUN|BENCH", help="Runs, or benches (their directories' names), on one figure.")],
               runs_dir: RunsDirOpt = Path("runs"),
-              out: Annotated[Optional[Path], typer.Option(help="The SVG file to write (default: plot.svg in the one run's or bench's directory).")] = None,
+              out: Annotated[Optional[Path], typer.Option(help="The file to write, .svg, .png or .pdf (default: plot.svg in the one run's or bench's directory).")] = None,
               label: Annotated[Optional[list[str]], typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
     """Runs' accuracy and img/s over time, or benches' img/s, E(N) and time to accuracy against N, on one figure."""
     console.print(f"plot: {plots.draw(runs_dir, ids, out, label)}", markup=False, highlight=False, soft_wrap=True)

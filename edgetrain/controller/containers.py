@@ -198,7 +198,7 @@ class Containers:
         self.listen: dict[str, str | None] = {}
         # Each container's main process as the node sees it: while it exists the container runs, and
         # asking /proc costs a node almost nothing, where the docker CLI every few seconds cost an
-        # emulated Pi a tenth of its CPU (docs/scaling.md).
+        # emulated Pi a tenth of its CPU (docs/scaling-history.md).
         self.pids: dict[str, int] = {}
         self.login: dict[str, str] = {}  # uid:gid of each node's login user, whom its ranks run as (RUN_AS)
         # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on

@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from edgetrain.controller.images.targets import image_for
 from edgetrain.shared.errors import EdgetrainError
 
 # The CUDA the CUDA image runs (TensorFlow 2.15.1's tensorflow[and-cuda] wheels: CUDA 12.2,
@@ -412,7 +413,5 @@ def check_host(nodes, host, image: str | None = None) -> GpuNode:
     (ssh exactly as Ansible reaches the node; a local host runs the commands directly), with the
     image the host runs and the host's slots."""
     if image is None:
-        from edgetrain.controller.images import image_for  # images reads this module's CUDA label
-
         image = image_for(host)
     return check_node(lambda argv: nodes.run(host, argv), host.name, image=image, slots=host.slots)

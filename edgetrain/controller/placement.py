@@ -13,7 +13,7 @@ from edgetrain.controller.inventory import DEVICE_GROUPS, Host, Inventory
 # Horovod's cycle: how often its background thread turns to new requests, and negotiates with every
 # other rank even when none are pending. With MPI that negotiation polls, so it stays rare; Gloo's waits
 # sleep, so a short one costs little, while a gradient arriving just after a turn waits a whole cycle
-# (docs/scaling.md: at 100 ms a 3-node LeNet's steps locked to 300 and 400 ms).
+# (docs/scaling-history.md: at 100 ms a 3-node LeNet's steps locked to 300 and 400 ms).
 SLOW_CYCLE_TIME_MS = 100
 GLOO_CYCLE_TIME_MS = 10
 # How long a Gloo collective waits for a peer before failing the rank. Generous: a rank's own
@@ -52,7 +52,7 @@ class Placement:
                 env.update(strategies.gloo_env(self.head.iface, GLOO_TIMEOUT_S))
             gloo = self.head.mpi_env.get(strategies.HOROVOD_CONTROLLER, env.get(strategies.HOROVOD_CONTROLLER)) == "gloo"
             # MPI busy-waits in every negotiation, even with no tensor pending: at Horovod's default
-            # 1 ms an idle 3-node job used all of an emulated Pi's CPU (docs/scaling.md).
+            # 1 ms an idle 3-node job used all of an emulated Pi's CPU (docs/scaling-history.md).
             env["HOROVOD_CYCLE_TIME"] = str(GLOO_CYCLE_TIME_MS if gloo else SLOW_CYCLE_TIME_MS)
         if self.head.iface and self.head.mpi_env.get(strategies.HOROVOD_CONTROLLER, env.get(strategies.HOROVOD_CONTROLLER)) == "gloo":
             # Gloo and its rendezvous listen on this interface alone, whoever picked Gloo.

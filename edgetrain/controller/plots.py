@@ -59,6 +59,8 @@ def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] 
     if benches and len(benches) != len(found):
         raise UsageError("a figure is of runs or of benches, not both", "plot the benches and the runs apart")
     out = out or found[0] / "plot.svg"
+    if out.suffix.lower().lstrip(".") not in FORMATS:
+        raise UsageError(f"{out}: a plot is written as {', '.join('.' + f for f in FORMATS)}", f"name the file {out.with_suffix('.svg').name}")
     if not benches:
         return save(run_figure([runs.Run(d) for d in found], labels), out)
     bodies = []
@@ -196,11 +198,15 @@ def run_figure(chosen: list[runs.Run], labels: list[str] | None = None):
     return fig
 
 
+# What the file's suffix may ask for: SVG stays text (diffable, searchable), the others for slides.
+FORMATS = ("svg", "png", "pdf")
+
+
 def save(fig, path: Path) -> Path:
-    """Write the figure as SVG and let it go."""
+    """Write the figure in the format its suffix names and let it go."""
     plt = _pyplot()
     try:
-        fig.savefig(path, format="svg")
+        fig.savefig(path, format=path.suffix.lower().lstrip("."))
     except OSError as exc:
         raise EdgetrainError(f"could not write the plot {path}: {exc.strerror or exc}", "check the directory and its free space") from None
     finally:

@@ -379,7 +379,3 @@ def node_files(plan: Placement, host: Host) -> list[str]:
     cannot send another rank's failure record), and rank 0's metrics and outputs list from the head."""
     names = [runs.rank_file(rank, kind) for rank in plan.ranks_on(host) for kind in runs.RANK_FILES]
     return names + (["metrics.jsonl", runs.OUTPUTS] if host is plan.head else [])
-
-
-def host_of(plan: Placement, address: str) -> Host | None:
-    return next((h for h in plan.hosts if h.address == address or h.name == address), None)

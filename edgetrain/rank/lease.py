@@ -26,6 +26,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from edgetrain.shared import runs
 
 GRACE_S = 10.0  # COMMAND's time to end on SIGTERM before SIGKILL
 
@@ -43,18 +46,12 @@ def record(state: str, renewed: float) -> None:
     """Keep the monotonic time of the last renewal seen in ``state``, as a new file renamed in. One
     that cannot be written (a full disk) is removed instead: its lease is then unreadable, and
     ``clean`` keeps the container rather than judge it by a stale renewal."""
-    tmp = f"{state}.{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{renewed!r}\n")
-        os.replace(tmp, state)
+        # Not durable: the state dies with the container, and a Pi's SD card need not sync it
+        # at every renewal.
+        runs.write_anew(Path(state), f"{renewed!r}\n".encode(), durable=False)
     except OSError:
-        for stale in (tmp, state):
-            try:
-                os.unlink(stale)
-            except OSError:
-                pass
+        Path(state).unlink(missing_ok=True)
 
 
 def age(state: str) -> float:

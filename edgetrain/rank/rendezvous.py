@@ -8,7 +8,7 @@ variables horovodrun would have given it. (Horovod 0.28 can also build a Gloo co
 but only with the MPI controller, and then its Gloo collectives crash on a null context.)
 
 Why Gloo on CPU nodes at all: its TCP transport sleeps while it waits for a peer, MPICH's ch4:ucx
-polls. On an emulated Pi 4 the polling took the CPU the training needed (docs/scaling.md).
+polls. On an emulated Pi 4 the polling took the CPU the training needed (docs/scaling-history.md).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class Place:
         # would then train one thread wide: each local rank gets its share of the cores instead.
         # With one worker a node torch picks its own default, as under torchrun: where that is
         # fewer than the node's cores (1 of 2 on the testbed's machine) the node's cores ran an
-        # emulated Pi 0.70x as fast as torchrun did (docs/scaling.md).
+        # emulated Pi 0.70x as fast as torchrun did (docs/scaling-history.md).
         # As under torchrun, a value the user gave is kept.
         if "OMP_NUM_THREADS" not in given and self.local_size > 1:
             env["OMP_NUM_THREADS"] = str(max(1, cores // self.local_size))

@@ -67,7 +67,7 @@ def train(args: argparse.Namespace) -> dict:
     net = _model(job, {**spec.options, **args.options}, data.train)
     sync = job_options.sync_of(vars(args))
     # Linearly by default: for LeNet's Adam the square root, the rule often given for Adam, needed
-    # as many or more images to reach its target accuracy (docs/scaling.md).
+    # as many or more images to reach its target accuracy (docs/scaling-history.md).
     peak = learning_rate.scale(size, args.batch_size, spec.batch_size, args.lr_scaling, sync)
     lr = job.BASE_LR * peak
     opt = _compiled(net, job.optimizer(lr), data, args, sync)
@@ -167,7 +167,7 @@ def _compiled(net, optimizer, data: _Data, args: argparse.Namespace, sync: Sync)
     if opt is not optimizer:
         tracing.allreduce_without_autograph(opt)
     # Several steps per call of the compiled function: Python's cost per step (Keras' loop, callbacks)
-    # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling.md).
+    # is paid once per execution, which a Pi-sized CPU feels (see docs/scaling-history.md).
     # Keras reports (and evaluations and weight syncs can happen) only between executions: they must
     # divide --eval-every, and --sync-every when weights are synced.
     per_call = args.steps_per_execution

@@ -46,10 +46,11 @@ def default_root() -> Path:
     return Path(os.environ.get("EDGETRAIN_RUNS", "runs"))
 
 
-def write_anew(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Put ``data`` at ``path`` atomically and durably, as a new file: a link a rank left at the
-    path or at its temporary name (ranks can write a run directory on the host runtime) is
-    replaced, never written through. On an error (a full disk) the old file stays as it was."""
+def write_anew(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Put ``data`` at ``path`` atomically and (unless not ``durable``) durably, as a new file: a
+    link a rank left at the path or at its temporary name (ranks can write a run directory on the
+    host runtime) is replaced, never written through. On an error (a full disk) the old file stays
+    as it was."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)
@@ -58,11 +59,13 @@ def write_anew(path: Path, data: bytes, mode: int = 0o644) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        checkpoints.fsync_dir(path.parent)
+        if durable:
+            checkpoints.fsync_dir(path.parent)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise

@@ -116,6 +116,14 @@ def test_a_run_figure_shows_accuracy_and_img_s_over_time(tmp_path):
     ET.parse(path)  # a whole SVG document
 
 
+def test_a_plot_is_written_in_the_format_its_file_name_says(tmp_path):
+    root, _, bench = _runs_dir(tmp_path)
+    for name, magic in (("b.png", b"\x89PNG"), ("b.pdf", b"%PDF"), ("b.svg", b"<?xml")):
+        r = edgetrain("runs", "plot", bench.name, "--out", str(tmp_path / name), "--runs-dir", str(root))
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+
+
 def _runs_dir(tmp_path):
     root = tmp_path / "runs"
     run = runs.create(root, "lenet")
@@ -144,6 +152,7 @@ def test_runs_plot_draws_benches_on_one_figure_under_their_labels(tmp_path):
     (["{bench}", "{bench}"], "several ids make one figure: say where it goes", 2),
     (["{bench}", "--label", "a", "--label", "b"], "2 --label for 1 ids", 2),
     (["no-such-run"], "no run 'no-such-run' in", 1),
+    (["{bench}", "--out", "b.jpg"], "b.jpg: a plot is written as .svg, .png, .pdf", 2),
     (["{run}"], "no epoch or evaluation records to plot", 1),
 ])
 def test_runs_plot_bad_input_is_one_line(tmp_path, args, error, code):

@@ -26,12 +26,12 @@ def model(options: dict) -> tf.keras.Model:
 
 
 def optimizer(lr: float) -> tf.keras.optimizers.Optimizer:
-    # Keras' Adam in one kernel: the same updates, about 7% less CPU a step on one core (docs/scaling.md).
+    # Keras' Adam in one kernel: the same updates, about 7% less CPU a step on one core (docs/scaling-history.md).
     return FusedAdam(lr)
 
 
 def lr_multiplier(epoch: float, epochs: int) -> float:
     """From the end of the default warmup, a cosine to a tenth of the rate at the end of the run
     (``--epochs``): chosen on a split held out of the training set, where annealing by one epoch
-    whatever the run's length reached 99.0% in one run of nine (docs/scaling.md)."""
+    whatever the run's length reached 99.0% in one run of nine (docs/scaling-history.md)."""
     return anneal(epoch, WARMUP_EPOCHS, epochs, 0.1)
