@@ -183,7 +183,7 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
 @with_job_options("bench", programs.parse_options)
 def bench(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
-    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
+    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
     nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
@@ -367,7 +367,7 @@ def cancel(run_id: Annotated[str, typer.Argument(metavar="RUN", help="A submitte
 
 
 @runs_app.command("show")
-def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: RunsDirOpt = Path("runs"),
+def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")], runs_dir: RunsDirOpt = Path("runs"),
               as_json: JsonOpt = False,
               plot: Annotated[bool, typer.Option("--plot", help="Also draw its accuracy and img/s over time into RUN/plot.svg.")] = False) -> None:
     """A run's program, placement, versions, per-epoch metrics and rank 0's outputs."""
