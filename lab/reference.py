@@ -116,10 +116,10 @@ def _item(param, annotation) -> str:
     return f"- `{shown}`" + (f" ({', '.join(notes)})" if notes else "") + f": {_text(param.help or '')}"
 
 
-def _text(help: str) -> str:
+def _text(help_text: str) -> str:
     """A help text as one markdown line: click's form feed ends it; ``*`` and ``<`` stay literal
     outside code spans (``*.pem``, ``runs/<id>/``)."""
-    parts = " ".join(help.split("\f")[0].split()).split("`")
+    parts = " ".join(help_text.split("\f")[0].split()).split("`")
     for i in range(0, len(parts), 2):
         parts[i] = parts[i].replace("\\", "\\\\").replace("*", "\\*").replace("<", "\\<")
     return "`".join(parts)
