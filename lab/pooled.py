@@ -74,14 +74,29 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
-def _ratio_cell(found: list[float | None]) -> str:
+@dataclass(frozen=True)
+class Speedup:
+    """Pairs' ratios pooled: the geometric mean and its 95% interval over the pairs that reached the
+    target (one pair: the mean, and no interval), and how many missed it."""
+
+    reached: int
+    missed: int
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+def speedup(found: list[float | None]) -> Speedup:
     got = [v for v in found if v is not None]
-    missed = len(found) - len(got)
-    if not got:
+    return Speedup(len(got), len(found) - len(got), *interval(got)) if got else Speedup(0, len(found))
+
+
+def _ratio_cell(found: list[float | None]) -> str:
+    s = speedup(found)
+    if not s.reached:
         return "not reached"
-    mean, lo, hi = interval(got)
-    cell = f"{mean:.2f}x ({lo:.2f}-{hi:.2f})" if len(got) > 1 else f"{mean:.2f}x"
-    return cell + (f", {missed} missed" if missed else "")
+    cell = f"{s.mean:.2f}x ({s.low:.2f}-{s.high:.2f})" if s.reached > 1 else f"{s.mean:.2f}x"
+    return cell + (f", {s.missed} missed" if s.missed else "")
 
 
 def _seconds_cell(values: list[float | None]) -> str:
@@ -134,15 +149,20 @@ def _accuracy_cell(trials: list[dict]) -> str:
     return f"{min(got):.2%}-{max(got):.2%}" if got else "-"
 
 
+def read(path: Path) -> tuple[str, dict]:
+    """A bench's name and bench.json body, from the file or the bench directory holding it."""
+    path = path / "bench.json" if path.is_dir() else path
+    name = path.parent.name if path.name == "bench.json" else path.stem  # a kept copy is named after its bench
+    return name, json.loads(path.read_text())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m lab.pooled", description=__doc__.splitlines()[0])
     p.add_argument("benches", nargs="+", type=Path, help="bench.json files, or the bench directories holding them")
     args = p.parse_args()
     found: list[Pair] = []
     for path in args.benches:
-        path = path / "bench.json" if path.is_dir() else path
-        name = path.parent.name if path.name == "bench.json" else path.stem  # a kept copy is named after its bench
-        body = json.loads(path.read_text())
+        name, body = read(path)
         found += pairs(body, name)
         print(f"{name}: {shlex.join(body['command'])}")
     if not found:

@@ -139,6 +139,7 @@ class Trial:
     lost: dict[str, str] = field(default_factory=dict)
     sync_every: int = 1  # how often its ranks talked, and what they sent
     sync_mode: str = SyncMode.GRADS.value
+    options: dict = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
 
 
 @dataclass(frozen=True)
@@ -461,7 +462,8 @@ class Bench:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
         if sync is not None:
             what += f", --sync-every {sync.sync_every} {sync.sync_mode.value}"
-        run, outcome, _, lost = self._launch(self.program_for(n, attempt, sync), n, what, on)
+        program = self.program_for(n, attempt, sync)
+        run, outcome, _, lost = self._launch(program, n, what, on)
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
@@ -476,7 +478,8 @@ class Bench:
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
                      launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
-                     self._seed(attempt), lost, *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)))
+                     self._seed(attempt), lost, *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)),
+                     program.trained_with)
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run

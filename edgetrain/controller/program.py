@@ -26,6 +26,7 @@ class Program:
     epochs: int | None = None  # a built-in job's total, for resume checks
     requirements: Path | None = None  # extra Python packages the script needs
     checkpoint_options: dict = field(default_factory=dict)  # a built-in job's, as its checkpoints record them
+    trained_with: dict = field(default_factory=dict)  # a built-in job's every option (job_options.as_run)
 
     def check_ranks(self, np: int) -> None:
         """What depends on the number of ranks: a built-in job's batch must fit in each rank's shard
@@ -115,7 +116,7 @@ def _builtin(spec: jobs.JobSpec, o: JobOptions, passthrough: list[str]) -> Progr
     args = ["--job", spec.name, "--options", json.dumps(options), *job_options.argv(values)]
     checkpoint_options = job_options.recorded(values, options)
     return Program(spec.name, tuple(args), job=spec, module="edgetrain.rank.training", datasets=(spec.dataset,), epochs=epochs,
-                   checkpoint_options=checkpoint_options)
+                   checkpoint_options=checkpoint_options, trained_with=job_options.as_run(values, options))
 
 
 def resolve(target: str, passthrough: list[str], options: JobOptions, workdir: Path | None = None,

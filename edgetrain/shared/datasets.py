@@ -333,10 +333,12 @@ def load(files: DatasetFiles) -> tuple[Split, Split]:
 
 # Which examples --holdout keeps apart: a permutation drawn by the split's number, never by the run's
 # --seed, so every try of a bench stops on the same examples. Split 0 is the one LeNet's learning
-# rate and schedule were tuned on (every figure up to 2026-12-03); split 1, the default, was drawn
-# afterwards for reported runs (issue 66's protocol) and has decided nothing.
+# rate and schedule were tuned on (every figure up to 2026-12-03); split 1 was drawn for reported
+# runs, but issue 66's seed-10 tuning benches of 2026-12-04 ran on it too, so it has decided
+# something; split 2, the default since, was drawn for reported runs (docs/scaling.md, the protocol)
+# and no tuning has seen it.
 TUNED_SPLIT = 0
-HOLDOUT_SPLIT = 1
+HOLDOUT_SPLIT = 2
 
 
 def hold_out(split: Split, n: int, which: int = HOLDOUT_SPLIT) -> tuple[Split, Split]:

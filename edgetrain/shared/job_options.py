@@ -106,8 +106,9 @@ OPTIONS: tuple[JobOption, ...] = (
               "set that evaluations and --target-accuracy use; the test set is then scored once, after training (test_accuracy).",
               _holdout, metavar="N", recorded=Recorded.WHEN_SET),
     JobOption("holdout_split", int, HOLDOUT_SPLIT, f"Jobs: with --holdout, which examples: split {HOLDOUT_SPLIT} (the default) "
-              f"was drawn for reported runs and decided nothing; split {TUNED_SPLIT} is the one LeNet's schedule was tuned on "
-              "(the figures up to 2026-12-03); another number draws another.", at_least(0), metavar="S",
+              f"was drawn for reported runs and no tuning has seen it; split {TUNED_SPLIT} is the one LeNet's schedule was tuned on "
+              "(the figures up to 2026-12-03), split 1 the one issue 66's headline and its tuning used; another number draws "
+              "another.", at_least(0), metavar="S",
               recorded=Recorded.WITH_HOLDOUT),
     JobOption("fp16_allreduce", bool, False, "Jobs: send gradients as float16 (Horovod's fp16 compression).",
               recorded=Recorded.WHEN_SET),
@@ -175,7 +176,10 @@ def argv(values: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for o in OPTIONS:
         value = values[o.name]
-        if value is None or value is False or (value == o.default and not o.always_passed):
+        # Which examples were held out goes with --holdout, default or not: a worker of an older
+        # image, whose default differs, then trains on the split the controller records (or refuses it).
+        told = o.always_passed or (o.recorded == Recorded.WITH_HOLDOUT and values["holdout"])
+        if value is None or value is False or (value == o.default and not told):
             continue
         out += [o.flag] if o.type is bool else [o.flag, str(getattr(value, "value", value))]
     return out
@@ -197,6 +201,12 @@ def recorded(values: dict[str, Any], job_options: dict) -> dict:
     found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WHEN_SET and values[o.name] != o.default})
     found.update({o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.WITH_HOLDOUT and values["holdout"]})
     return found
+
+
+def as_run(values: dict[str, Any], job_options: dict) -> dict:
+    """Every option as the run gets it, in JSON's types, the job's own under ``options``: what a
+    bench's try trained on (bench.json keeps it with each try, the held-out split included)."""
+    return {**{o.name: getattr(values[o.name], "value", values[o.name]) for o in OPTIONS}, "options": dict(job_options)}
 
 
 # Options a checkpoint recorded under a name since replaced, by their names now: a resume of a run

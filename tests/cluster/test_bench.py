@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import headline
 from tests.conftest import ROOT, edgetrain
 
 
@@ -120,6 +121,9 @@ def test_a_torch_script_is_benched_with_torchs_own_allreduce_across_the_nodes(cl
 
 @pytest.mark.bench
 def test_scaling_on_emulated_pi4_nodes(cluster, emulated, conditions, report):
+    refusal = headline.tuning_refusal(BENCH_ARGS)  # docs/scaling.md's protocol: tuning never sees the reported split
+    if refusal:
+        pytest.fail(f"EDGETRAIN_BENCH_ARGS: {refusal}")
     # The emulated nodes share this machine: E(N)'s one node is N one-node runs at once, unless the
     # arguments say otherwise (a bench to accuracy, whose ratios are to one node's time, may spare them).
     reference = [] if "--reference" in BENCH_ARGS else ["--reference", "concurrent"]

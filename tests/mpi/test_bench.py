@@ -38,6 +38,10 @@ def test_a_bench_on_this_machine_trains_each_try_from_its_own_seed_and_keeps_its
     assert [t["test_accuracy"] for t in result["trials"]] == [run.test_score()["test_accuracy"] for run in tries]
     # Each trial names the seed its run trained from, so tries can be paired across N and pooled across benches.
     assert {t["run"]: t["seed"] for t in result["trials"]} == seeds
+    # And every option it trained with: the held-out split (the default, told to the worker), the recipe.
+    assert {(t["options"]["seed"], t["options"]["holdout"], t["options"]["holdout_split"], t["options"]["batch_size"],
+             t["options"]["sync_every"]) for t in result["trials"]} == {(7, 1000, 2, 64, 1), (8, 1000, 2, 64, 1)}
+    assert all(a[a.index("--holdout-split") + 1] == "2" for a in args)
     # Time to the target from the first step, and from the launch (the first step's own offset more).
     for t, run in zip(result["trials"], tries):
         assert t["seconds_to_target"] is not None, t

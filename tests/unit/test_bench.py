@@ -210,6 +210,18 @@ def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
     assert [seed(1, k) for k in (1, 2)] == ["7", "8"]
 
 
+def test_each_try_records_what_it_trained_on_the_held_out_split_included(tmp_path):
+    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, seed=50)))
+    trained = b.program_for(3, 2, Sync(2, SyncMode.GRADS)).trained_with
+    assert {k: trained[k] for k in ("seed", "holdout", "holdout_split", "sync_every", "sync_mode", "batch_size", "epochs",
+                                    "lr_scaling")} == {
+        "seed": 51, "holdout": 6000, "holdout_split": 2, "sync_every": 2, "sync_mode": "grads", "batch_size": 64,
+        "epochs": 1, "lr_scaling": 1.0}
+    assert json.loads(json.dumps(trained)) == trained  # as bench.json keeps it, with each try
+    split0 = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, holdout_split=0)))
+    assert split0.program_for(1).trained_with["holdout_split"] == 0
+
+
 def test_the_cli_takes_the_first_tries_seed(tmp_path):
     # Parsed before anything runs: the error is the repeat's, not an unknown --seed.
     assert_one_line_error(edgetrain("bench", "lenet", "--seed", "7", "--repeat", "0", "--runs-dir", str(tmp_path)),

@@ -46,6 +46,8 @@ def test_the_held_out_split_is_drawn_by_its_own_number_not_the_runs_seed_and_the
     # Split 0 is the permutation every figure up to 2026-12-03 held out (HOLDOUT_SEED = 0 then).
     assert tuned == sorted(np.random.default_rng(0).permutation(1000)[:100].tolist())
     assert fresh == datasets.hold_out(split, 100, datasets.HOLDOUT_SPLIT)[1].y.tolist() != tuned
+    # Nor split 1, which issue 66's headline and its seed-10 tuning benches held out.
+    assert fresh != datasets.hold_out(split, 100, 1)[1].y.tolist()
     # Two draws of 100 in 1,000 share about 10 examples: the fresh split is mostly others.
     assert len(set(fresh) & set(tuned)) < 30
 

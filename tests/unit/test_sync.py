@@ -45,8 +45,12 @@ def test_a_checkpoint_from_before_sync_every_is_read_with_todays_name():
 
 def test_a_held_out_run_records_its_split_and_one_from_before_the_option_held_out_split_0():
     values = {**JobOptions(holdout=6000).__dict__, "epochs": 1, "batch_size": 64}
-    assert job_options.recorded(values, {}) == {"batch_size": 64, "holdout": 6000, "holdout_split": 1}
+    assert job_options.recorded(values, {}) == {"batch_size": 64, "holdout": 6000, "holdout_split": 2}
     assert job_options.recorded({**values, "holdout": None}, {}) == {"batch_size": 64}
+    # The worker is told the split with --holdout even at the default: an older image's default differs.
+    told = job_options.argv(values)
+    assert told[told.index("--holdout-split") + 1] == "2"
+    assert "--holdout-split" not in job_options.argv({**values, "holdout": None})
     assert job_options.saved({"batch_size": 64, "holdout": 6000}) == {"batch_size": 64, "holdout": 6000, "holdout_split": 0}
     assert job_options.saved({"batch_size": 64}) == {"batch_size": 64}
     with pytest.raises(UsageError, match="--holdout-split 0 picks the examples --holdout keeps apart, and none are"):
