@@ -15,6 +15,7 @@ import pytest
 
 from edgetrain.shared import datasets
 from edgetrain.shared.errors import EdgetrainError
+from tests.conftest import edgetrain
 
 DEBIAN = datasets.DEBIAN_FASHION_MNIST
 
@@ -121,6 +122,14 @@ def test_keras_mnist_refuses_arrays_that_are_not_keras_own(isolated, tmp_path):
     files = datasets.DatasetFiles("mnist", "npz", (tmp_path / "mnist.npz",), "test")
     with pytest.raises(EdgetrainError, match="does not give Keras' MNIST arrays \\(x_train differs\\)"):
         datasets.keras_mnist(files)
+
+
+def test_data_list_names_the_copy_that_serves_keras_load_data(isolated):
+    r = edgetrain("data", "list", env={"COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("mnist: mnist (pkl) in "))
+    assert lines[at + 1].startswith("  serves Keras' mnist.load_data() (any path=) in host-runtime runs' ranks"), lines
 
 
 def test_npz_reader(tmp_path):
