@@ -332,7 +332,7 @@ def arrays(files: DatasetFiles) -> dict[str, np.ndarray]:
         with gzip.open(files.paths[0], "rb") as f:
             train, valid, test = pickle.load(f, encoding="latin1")
         # The pickled train/validation split is the original 60k training set cut in two; its
-        # pixels are the IDX bytes divided by 256 (float32 holds k/256 exactly), so x 256 is exact.
+        # pixels are the IDX bytes divided by 256 (float32 holds k/256 exactly): times 256 is exact.
         raw = {"x_train": np.concatenate([train[0], valid[0]]) * 256, "y_train": np.concatenate([train[1], valid[1]]),
                "x_test": test[0] * 256, "y_test": test[1]}
     return {k: (v.reshape(-1, 28, 28) if k.startswith("x") else v).astype(np.uint8) for k, v in raw.items()}
