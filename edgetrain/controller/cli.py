@@ -448,8 +448,11 @@ def data_list(data_dir: DataDirOpt = None) -> None:
         try:
             found = datasets.locate(name, data_dir).describe()
         except EdgetrainError as exc:
-            found = f"[red]{exc}[/]"
-        console.print(f"[bold]{name}[/]: {found}")
+            console.print(f"[bold]{name}[/]: [red]{exc}[/]")
+        else:
+            console.print(f"[bold]{name}[/]: {found}")
+            console.print(f"  serves Keras' {datasets.KERAS_LOAD_DATA[name]} in host-runtime runs' ranks "
+                          "(in containers: the node's staged copy)")
         for loc in datasets.search_path(name, data_dir):
             console.print(f"  {loc.origin}: {loc.path}")
 

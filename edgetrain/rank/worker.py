@@ -3,10 +3,11 @@
 A middleman between Hydra and the program (the user's script, or a built-in job's module): it
 sends the rank's output to ``rank.N.log`` (rank 0's also to the console), starts the program in
 the rank's working copy of the shipped folder with the node's datasets where Keras looks for
-them, sets up the rank's environment as its strategy says (edgetrain.rank.strategies), and records how the rank
-ended: a failure record (``rank.N.failure.json``) for the launcher to read, and on rank 0 the
-list of files the program wrote (``outputs.json``) for ``edgetrain collect``. A rank that a signal
-ends cannot write its record: its keeper does (edgetrain.rank.keeper).
+them (MNIST's load_data(): edgetrain.rank.keras_datasets), sets up the rank's environment as its
+strategy says (edgetrain.rank.strategies), and records how the rank ended: a failure record
+(``rank.N.failure.json``) for the launcher to read, and on rank 0 the list of files the program
+wrote (``outputs.json``) for ``edgetrain collect``. A rank that a signal ends cannot write its
+record: its keeper does (edgetrain.rank.keeper).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from edgetrain.shared import checkpoints, failures, mpi, progress, tempdirs, workdir
-from edgetrain.rank import keeper, pmi
+from edgetrain.rank import keeper, keras_datasets, pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
 from edgetrain.shared.runs import OUTPUTS, RUN_AS
@@ -287,6 +288,8 @@ def _environment(args: argparse.Namespace, rank: int, console: int, outputs: Pat
     if args.data is not None:
         os.environ["EDGETRAIN_DATA"] = str(args.data)
         link_datasets(args.data, keras_home())
+        if (args.data / "mnist").is_dir():
+            keras_datasets.serve_mnist(args.data)
 
 
 _KEPT: list[object] = []  # what a program made, where its strategy keeps it to the rank's end

