@@ -56,15 +56,16 @@ class NodeSpeeds:
 
 def from_bench(body: dict | None, root: Path) -> NodeSpeeds:
     """Each node's one-node img/s in a bench.json ``body`` (None: no bench): the median of its
-    one-node runs - those run beside others (``--reference concurrent``, which times every node
-    under the same neighbours) where there are any, else those run alone. A run's node is the
-    trial's own ``host`` where recorded, else its run record's; a run that cannot be read is passed over."""
+    one-node runs beside the most others (``--reference concurrent`` at its largest N, which times
+    each of those nodes under the same neighbours), or with none beside others those run alone. A
+    run's node is the trial's own ``host`` where recorded, else its run record's; a run that cannot
+    be read is passed over."""
     if body is None:
         return NodeSpeeds()
     ones = [t for t in body.get("trials") or [] if t.get("nodes") == 1 and t.get("images_per_sec")]
-    beside = [t for t in ones if t.get("beside")]
+    most = max((t.get("beside") or 0 for t in ones), default=0)
     found: dict[str, list[float]] = {}
-    for t in beside or ones:
+    for t in (t for t in ones if (t.get("beside") or 0) == most):
         host = t.get("host")
         if host is None:
             try:
