@@ -109,8 +109,9 @@ class Batches:
         return [i for i in range(examples) if block[i % len(block)] == mine]
 
     def shard(self, *arrays):
-        """This rank's shard of each array (numpy-indexable, first axis the examples)."""
-        picked = self.indices(len(arrays[0]))
+        """This rank's shard of each array (numpy-indexable, first axis the examples): with equal
+        batches a strided view (``indices``' own, with no copy of the data), else a copy."""
+        picked = slice(self.rank, None, len(self.sizes)) if self.even else self.indices(len(arrays[0]))
         found = tuple(a[picked] for a in arrays)
         return found if len(found) > 1 else found[0]
 

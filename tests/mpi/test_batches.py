@@ -1,21 +1,16 @@
-"""Batches by speed on 2 real ranks (mpirun -n 2), batches 3 and 1: after K steps a model without
-batch statistics holds the weights one process gets training on the union of the ranks' batches,
-under Horovod (edgetrain.callbacks' plan, Keras) and torch DDP on Gloo (edgetrain.ddp's plan and
-sampler) - and, without the loss weight, it does not. Then `run lenet --batch-by speed` on two
-local nodes, and the runs it refuses."""
+"""`edgetrain run --batch-by speed` on two real ranks (mpirun -n 2 on two local nodes declared 3 and
+1 times as fast): a Keras/Horovod script (edgetrain.callbacks' plan) and a torch DDP script on Gloo
+(edgetrain.ddp's plan and sampler) with batches 3 and 1 end K steps with the weights one process
+gets training on the union of the ranks' batches - and, without the loss weight, do not; the LeNet
+job sizes its batches alike; every run says each rank's batch. And the runs it refuses."""
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from edgetrain.shared import runs
-from edgetrain.shared.batches import SPEEDS_ENV
 from tests.conftest import ROOT, assert_one_line_error, edgetrain, project_script
 
 pytestmark = pytest.mark.mpi
@@ -24,26 +19,6 @@ SCRIPTS = ROOT / "tests" / "scripts" / "batches"
 STEPS = 5
 RESULT = re.compile(r"^batches 3/1 weighted (\S+) unweighted (\S+)$", re.M)
 DIGEST = re.compile(r"^final weights sha256 ([0-9a-f]{64})$", re.M)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.parametrize("script", ["keras_exact.py", "torch_exact.py"])
-def test_uneven_batches_train_as_one_process_on_their_union(script):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), SPEEDS_ENV: "3,1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run(["mpirun", "-n", "2", sys.executable, str(SCRIPTS / script), str(STEPS)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = RESULT.search(proc.stdout)
-    assert found, proc.stdout[-3000:]
-    weighted, unweighted = float(found[1]), float(found[2])
-    assert weighted < 1e-5, found[0]  # float tolerance: the union's update, step for step
-    assert unweighted > 1e-2, found[0]  # the weight is what makes it so
-
 
 TWO_NODES = """\
 # This machine twice, by two names Hydra starts locally, declared 3 and 1 times as fast.
@@ -68,12 +43,16 @@ cluster:
 """
 
 
-def test_lenet_by_speed_sizes_each_ranks_batch_and_says_so(tmp_path):
+def two_nodes(tmp_path):
     inv = tmp_path / "two" / "hosts.yml"
     inv.parent.mkdir()
     inv.write_text(TWO_NODES)
+    return inv
+
+
+def test_lenet_by_speed_sizes_each_ranks_batch_and_says_so(tmp_path):
     root = tmp_path / "runs"
-    r = edgetrain("run", "lenet", "--np", "2", "-i", str(inv), "--batch-by", "speed", "--epochs", "1", "--max-steps", "8",
+    r = edgetrain("run", "lenet", "--np", "2", "-i", str(two_nodes(tmp_path)), "--batch-by", "speed", "--epochs", "1", "--max-steps", "8",
                   "--steps-per-execution", "4", "--runs-dir", str(root))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--batch-by speed: from the inventory's edgetrain_speed: localhost 3, loopback 1" in r.stdout
@@ -99,3 +78,20 @@ def test_a_run_by_speed_that_cannot_be_sized_is_one_line_and_starts_nothing(tmp_
     r = edgetrain("run", target, "--batch-by", "speed", *args, "--runs-dir", str(tmp_path / "runs"))
     assert_one_line_error(r, message, code=2)
     assert not runs.all_runs(tmp_path / "runs")
+
+
+@pytest.mark.parametrize(("script", "strategy"), [("keras_exact.py", "horovod"), ("torch_exact.py", "torch")])
+def test_uneven_batches_train_as_one_process_on_their_union(tmp_path, script, strategy):
+    root = tmp_path / "runs"
+    r = edgetrain("run", str(SCRIPTS / script), "--np", "2", "-i", str(two_nodes(tmp_path)), "--batch-by", "speed", "--strategy", strategy,
+                  "--runs-dir", str(root), "--", str(STEPS))
+    assert r.returncode == 0, r.stderr[-3000:]
+    # The script's per-rank batch is 2: a global batch of 4, split 3 and 1 by the declared speeds.
+    assert "on 2 ranks, batches 3/1 by speed" in r.stdout, r.stdout
+    [run] = runs.all_runs(root)
+    assert run.record().placement.batches == [3, 1]
+    found = RESULT.search((run.path / "rank.0.log").read_text())
+    assert found, (run.path / "rank.0.log").read_text()[-3000:]
+    weighted, unweighted = float(found[1]), float(found[2])
+    assert weighted < 1e-5, found[0]  # float tolerance: the union's update, step for step
+    assert unweighted > 1e-2, found[0]  # the weight is what makes it so

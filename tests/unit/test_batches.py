@@ -3,6 +3,7 @@ data, the steps every rank takes, and the loss weight that makes an update the g
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgetrain.shared.batches import SPEEDS_ENV, Batches, owners, split
@@ -45,6 +46,12 @@ def test_uneven_shards_cover_every_example_once_and_give_every_rank_the_same_ste
 def test_equal_batches_keep_the_strided_shards_they_always_had():
     assert owners((4, 4, 4)) == [0, 1, 2] * 4
     assert Batches((8, 8, 8), 1).indices(50) == list(range(1, 50, 3))
+    x = np.arange(50)
+    even, uneven = Batches((8, 8, 8), 1).shard(x), Batches((3, 1), 1).shard(x)
+    assert even.base is x and even.tolist() == list(range(1, 50, 3))  # a view: no copy of the data
+    assert uneven.tolist() == Batches((3, 1), 1).indices(50)
+    xs, ys = Batches((3, 1), 0).shard(x, x * 10)
+    assert (ys == xs * 10).all()
 
 
 def test_the_weights_make_the_equally_averaged_gradients_the_global_mean():

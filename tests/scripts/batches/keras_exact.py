@@ -34,7 +34,8 @@ def distributed(plan: Batches, weighted: bool) -> list[np.ndarray]:
     data = tf.data.Dataset.from_tensor_slices((xs, ys)).repeat().batch(plan.mine)
     net.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.05)), loss="sparse_categorical_crossentropy",
                 loss_weights=[plan.weight] if weighted else None)
-    net.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    net.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0,
+            callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), *et.callbacks(batch_size=PER_RANK, tensorboard=False)])
     return net.get_weights()
 
 

@@ -2,7 +2,8 @@
 EDGETRAIN_RANK_SPEEDS) through edgetrain.ddp's plan and sampler, as a torch script would; rank 0 then
 trains the same start on one process, on the union of the ranks' batches at each step, and prints
 how far apart the weights are - with the loss weight, and without it (which must not match).
-Started by mpirun, whose PMI_RANK and PMI_SIZE give each process its rank."""
+Under edgetrain run --strategy torch, or plain mpirun (whose PMI_RANK and PMI_SIZE then give each
+process its rank)."""
 
 import os
 import sys
@@ -16,7 +17,8 @@ import edgetrain.ddp as et
 from edgetrain.shared.batches import Batches
 
 STEPS, PER_RANK = int(sys.argv[1]), 2
-os.environ.update(RANK=os.environ["PMI_RANK"], WORLD_SIZE=os.environ["PMI_SIZE"], MASTER_ADDR="127.0.0.1")
+for name, value in {"RANK": os.environ.get("PMI_RANK"), "WORLD_SIZE": os.environ.get("PMI_SIZE"), "MASTER_ADDR": "127.0.0.1"}.items():
+    os.environ.setdefault(name, value)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 g = torch.Generator().manual_seed(0)
@@ -54,6 +56,7 @@ def union(plan: Batches) -> list[torch.Tensor]:
 
 plan = et.batches(PER_RANK)
 assert plan.sizes == (3, 1), plan
+et.Progress(batch_size=PER_RANK, steps=STEPS)  # its start event names the batches
 weighted, unweighted = distributed(plan, True), distributed(plan, False)
 if plan.rank == 0:
     reference = union(plan)
