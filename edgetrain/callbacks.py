@@ -14,6 +14,15 @@ target. The built-in jobs use exactly this.
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
 
+Batches by speed (``edgetrain run --batch-by speed``; with equal batches the same calls change nothing):
+
+    plan = et.batches(args.batch_size)             # after hvd.init(); args.batch_size: the per-rank batch, as ever
+    x, y = plan.shard(x_train, y_train)            # this rank's shard, in proportion to its batch
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(y)).repeat().batch(plan.mine)
+    model.compile(..., loss_weights=[plan.weight]) # Horovod averages equally: weight each rank's loss
+    model.fit(dataset, steps_per_epoch=plan.steps(len(x_train)), ...,
+              callbacks=[..., *et.callbacks(state, batch_size=args.batch_size)])
+
 Talking less (``edgetrain.shared.sync``, under Horovod): ``sync = Sync(sync_every=4,
 sync_mode="weights")``, ``optimizer = et.distributed_optimizer(opt, sync)`` in place of
 ``hvd.DistributedOptimizer(opt)``, and ``sync_weights = et.SyncWeights(model, sync)`` first among
@@ -37,6 +46,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from edgetrain.shared import checkpoints, mpi, runs
+from edgetrain.shared.batches import Batches
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 from edgetrain.shared.progress import REPORT_S, Events, rank0_events
@@ -156,6 +166,14 @@ class SyncWeights(tf.keras.callbacks.Callback):
             v.assign(anchor)
 
 
+def batches(batch_size: int) -> Batches:
+    """This rank's batch, shard and loss weight under the run's plan, for a script whose per-rank
+    batch is ``batch_size``: equal batches, or with ``--batch-by speed`` each rank's in proportion to
+    its node's speed, the global batch unchanged (edgetrain.shared.batches)."""
+    rank, size = rank_and_size()
+    return Batches.planned(batch_size, rank, size)
+
+
 def events() -> Events:
     """Rank 0's progress events, on the stream the launcher reads (silent elsewhere)."""
     return rank0_events(rank_and_size()[0])
@@ -228,12 +246,16 @@ class Progress(tf.keras.callbacks.Callback):
     process spent training so far (all its threads, communication included), summed over the ranks.
 
     Put it after Horovod's MetricAverageCallback, which averages the logs over ranks in place, and on
-    every rank: its stop at the target and its CPU sum are the ranks' together."""
+    every rank: its stop at the target and its CPU sum are the ranks' together.
+
+    ``batch_size`` is the per-rank batch the script was given (with batches by speed, the global
+    batch over the ranks); the start event names every rank's batch where they differ."""
 
     def __init__(self, batch_size: int | None = None, target_accuracy: float | None = None, monitor: str = "val_accuracy",
-                 validation_examples: int | None = None) -> None:
+                 validation_examples: int | None = None, batches: Batches | None = None) -> None:
         super().__init__()
         self.rank, self.size = rank_and_size()
+        self.batches = batches or (Batches.planned(batch_size, self.rank, self.size) if batch_size else None)
         self.events = events()
         self.global_batch = batch_size * self.size if batch_size else None
         self.target, self.monitor = target_accuracy, monitor
@@ -247,9 +269,10 @@ class Progress(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.steps = self.params.get("steps") or 0
+        uneven = {"batches": list(self.batches.sizes)} if self.batches and not self.batches.even else {}
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=self.params.get("epochs"),
                          initial_epoch=_restored_epoch, steps=self.steps,
-                         versions=_versions())
+                         versions=_versions(), **uneven)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch

@@ -17,6 +17,16 @@ manifest (written by rank 0, atomically), and ``restore()`` for ``edgetrain run 
 
 Outside edgetrain (no ``EDGETRAIN_RUN_DIR``) the same script still runs: files go to ``./``.
 
+Batches by speed (``edgetrain run --batch-by speed``; with equal batches the same calls change nothing):
+
+    plan = et.batches(args.batch_size)            # once the process group is up; the per-rank batch, as ever
+    sampler = et.ShardSampler(train, plan, seed=args.seed)          # in place of DistributedSampler
+    loader = DataLoader(train, batch_size=plan.mine, sampler=sampler, drop_last=True)
+    for epoch in ...:
+        sampler.set_epoch(epoch)
+        for x, y in loader:                       # len(loader) steps, the same on every rank
+            (loss_fn(model(x), y) * plan.weight).backward()       # DDP averages equally: weight the loss
+
 Talking every K batches instead of each (``edgetrain.shared.sync``): after DistributedDataParallel,
 
     sync = et.SyncEvery(model, optimizer, Sync(sync_every=4, sync_mode="grads"))   # or "weights"
@@ -41,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from edgetrain.shared import checkpoints, runs
+from edgetrain.shared.batches import Batches
 from edgetrain.shared.progress import REPORT_S, rank0_events
 from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 
@@ -59,6 +70,39 @@ def rank_and_size() -> tuple[int, int]:
 
 def job_name() -> str:
     return os.environ.get("EDGETRAIN_JOB") or Path(sys.argv[0]).stem
+
+
+def batches(batch_size: int) -> Batches:
+    """This rank's batch, shard and loss weight under the run's plan, for a script whose per-rank
+    batch is ``batch_size``: equal batches, or with ``--batch-by speed`` each rank's in proportion to
+    its node's speed, the global batch unchanged (edgetrain.shared.batches)."""
+    rank, size = rank_and_size()
+    return Batches.planned(batch_size, rank, size)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """DistributedSampler for batches that may differ: this rank's shard of ``dataset`` (in
+    proportion to its batch; with equal batches DistributedSampler's ``rank::size``), reshuffled each
+    epoch (``set_epoch``), cut to the steps every rank takes times this rank's batch."""
+
+    def __init__(self, dataset, plan: Batches, shuffle: bool = True, seed: int = 0) -> None:
+        self.shard = torch.tensor(plan.indices(len(dataset)), dtype=torch.int64)
+        self.count = plan.steps(len(dataset)) * plan.mine
+        self.shuffle, self.seed, self.epoch, self.rank = shuffle, seed, 0, plan.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = self.shard
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + 1000003 * self.epoch + self.rank)
+            order = order[torch.randperm(len(order), generator=g)]
+        return iter(order[:self.count].tolist())
+
+    def __len__(self) -> int:
+        return self.count
 
 
 def _module(model: torch.nn.Module) -> torch.nn.Module:
@@ -108,10 +152,13 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch:
 
 
 class Progress:
-    """Rank 0's progress: ``step()`` after each training step, ``epoch()`` after each epoch."""
+    """Rank 0's progress: ``step()`` after each training step, ``epoch()`` after each epoch.
+    ``batch_size`` is the per-rank batch the script was given (with batches by speed, the global
+    batch over the ranks); the start event names every rank's batch where they differ."""
 
     def __init__(self, batch_size: int | None = None, steps: int = 0, epochs: int = 1, start: int = 0) -> None:
         self.rank, self.size = rank_and_size()
+        plan = Batches.planned(batch_size, self.rank, self.size) if batch_size else None
         self.global_batch = batch_size * self.size if batch_size else None
         self.steps, self.epochs, self.current = steps, epochs, start
         self.started = time.time()
@@ -124,8 +171,9 @@ class Progress:
         self.trained, self.images = 0.0, 0  # training seconds and images so far, summed at each epoch's end
         self.cpu_trained = 0.0  # and this rank's training CPU seconds
         self.board = self._tensorboard()
+        uneven = {"batches": list(plan.sizes)} if plan and not plan.even else {}
         self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
-                         versions={"torch": torch.__version__})
+                         versions={"torch": torch.__version__}, **uneven)
 
     def _tensorboard(self):
         if self.rank != 0:

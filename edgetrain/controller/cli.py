@@ -19,7 +19,7 @@ from rich.text import Text
 
 from edgetrain.controller import bench as benching
 from edgetrain.controller import collect as collecting
-from edgetrain.controller import containers, shipping
+from edgetrain.controller import containers, shipping, speeds
 from edgetrain.shared import datasets, jobs, runs
 from edgetrain.controller import config as configs
 from edgetrain.controller import launch, scheduler, supervisor
@@ -30,6 +30,7 @@ from edgetrain.controller import doctor as doctoring
 from edgetrain.controller import images as imaging
 from edgetrain.controller import inventory as inventories
 from edgetrain.controller import plots
+from edgetrain.shared.batches import BatchBy
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.job_options import JobOptions, with_job_options
 from edgetrain.shared.progress import ConsoleProgress
@@ -94,6 +95,7 @@ def _launch_command(submitting: bool):
         max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
         min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
         rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
+        batch_by: Annotated[BatchBy, typer.Option(help="Each rank's batch: equal, or speed - in proportion to its node's speed, from the newest bench that timed every node alone, else the inventory's edgetrain_speed; the global batch, steps per epoch and learning rate stay (horovod, torch).")] = BatchBy.EQUAL,
         runs_dir: RunsDirOpt = Path("runs"),
         data_dir: DataDirOpt = None,
         options: JobOptions = JobOptions(),
@@ -105,6 +107,7 @@ def _launch_command(submitting: bool):
                                  master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
                                  max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
                                  restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say,
+                                 speeds=speeds.from_bench(benching.latest(runs_dir, program.name, inventory), runs_dir) if batch_by is BatchBy.SPEED else None,
                                  run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
         if submitting:
             _submit(config)
@@ -395,6 +398,8 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
     if where is not None:
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
                       + f" ({where.runtime} runtime, {where.strategy})", markup=False, highlight=False)
+        if where.speeds:
+            _say(_batches_line(where))
     _say("versions: " + ", ".join(f"{k} {v}" for k, v in rec.versions.items()))
     for n, a in enumerate(rec.attempts, 1) if len(rec.attempts) > 1 or any(a.went_on_without for a in rec.attempts) else ():
         resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
@@ -424,6 +429,15 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
         console.print(f"plot: {drawn}", markup=False, highlight=False, soft_wrap=True)
     for problem in problems:
         _warn(problem)
+
+
+def _batches_line(where) -> str:
+    """Each rank's batch by speed (its share of the global batch until the program reported them)."""
+    hosts = [h["host"] for h in where.hosts for _ in range(h["ranks"])]
+    total = sum(where.speeds)
+    each = (f"rank {r} on {host}: {where.batches[r]}" if where.batches and len(where.batches) == len(hosts)
+            else f"rank {r} on {host}: {where.speeds[r] / total:.0%} of the global batch" for r, host in enumerate(hosts))
+    return f"batches by speed (from {where.speeds_from}): " + ", ".join(each)
 
 
 @runs_app.command("plot")

@@ -16,6 +16,8 @@ from types import MappingProxyType
 from edgetrain.controller.program import Program
 from edgetrain.controller import strategies
 from edgetrain.shared import runs, workdir
+from edgetrain.controller.speeds import NodeSpeeds
+from edgetrain.shared.sync import SyncMode
 from edgetrain.shared.errors import UsageError
 from edgetrain.controller.strategies import STRATEGIES, Strategy
 from edgetrain.shared.strategies import DEFAULT
@@ -69,6 +71,7 @@ class LaunchConfig:
     max_workdir_files: int = workdir.DEFAULT_MAX_FILES
     ship_secrets: bool = False  # ship what workdir.SECRETS would leave out
     restarts: RestartPolicy = RestartPolicy()
+    speeds: NodeSpeeds | None = None  # --batch-by speed: what is known of the nodes' speeds; None: equal batches
     command: tuple[str, ...] = field(default_factory=lambda: ("edgetrain", *sys.argv[1:]))
     log: Callable[[str], None] = print
 
@@ -101,6 +104,13 @@ def check(config: LaunchConfig) -> None:
         config.strategy.check_args(config.program.args)
     config.strategy.check_tasks(config.np, config.ps)
     config.restarts.check(config.program)
+    if config.speeds is not None:
+        if not config.strategy.uneven_batches:
+            raise UsageError(f"--batch-by speed sizes each rank's batch, and --strategy {config.strategy.name} splits one global batch "
+                             "itself", "use --strategy horovod or torch, or drop --batch-by speed")
+        if config.program.checkpoint_options.get("sync_mode") == SyncMode.WEIGHTS:
+            raise UsageError("--batch-by speed weights each rank's gradient in the ranks' average; --sync-mode weights averages "
+                             "models each rank trained at its own rate", "use --sync-mode grads, or drop --batch-by speed")
 
 
 @dataclass(frozen=True)

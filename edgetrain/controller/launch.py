@@ -193,6 +193,8 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
         raise EdgetrainError(f"--np {attempt.np} needs more ranks than the {sum(h.slots for h in inv.hosts)} tasks Slurm job {held.job_id} holds",
                              "lower --np, or ask Slurm for more (sbatch -n, or edgetrain submit)")
     plan = placement.plan(inv, attempt.np, config.group, config.per_node)
+    if config.speeds is not None:
+        plan = config.speeds.placed(plan, program.name, config.log)
     _check_restarts(config, plan)
     program.check_ranks(attempt.np)
     manifest = (workdir.scan(program.workdir, config.max_workdir_bytes, config.ship_secrets, config.max_workdir_files)
@@ -270,7 +272,8 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     recorded = rt.record(run)
     where = record.Where(np=now.np, runtime=rt.name, strategy=config.strategy.name, inventory=str(inv.source),
                          hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,
-                         nodes=recorded.get("nodes"))
+                         nodes=recorded.get("nodes"), speeds=list(launch.placement.speeds) if launch.placement.speeds else None,
+                         speeds_from=launch.placement.speeds_from)
     shipped = record.ProgramRecord(args=list(program.args))
     if program.is_script:
         shipped.script, shipped.workdir = program.script, str(program.workdir)

@@ -14,7 +14,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -187,7 +187,7 @@ class Monitor:
             self.reported.append(failures.from_event(event))
             self.rank_failed = self.rank_failed or time.monotonic()
         elif kind == "start" and self.record_error is None:
-            self._record_versions(event)
+            self._record_start(event)
 
     def _stepped(self, epoch: int) -> None:
         """Once an epoch begins after one this attempt trained (and checkpointed), the left-out
@@ -201,11 +201,15 @@ class Monitor:
         if self.watcher is not None:
             self.watcher.look_for(h for h in inventory.load(config.inventory).hosts if h.name in excluded)
 
-    def _record_versions(self, event: dict) -> None:
+    def _record_start(self, event: dict) -> None:
         run = self.launch.run
         try:
             # The program adds the versions it found; what edgetrain recorded of itself and the runtime stands.
-            run.update(versions={**event.get("versions", {}), **run.record().versions})
+            before = run.record()
+            where = before.placement
+            if event.get("batches") and where is not None:
+                where = replace(where, batches=event["batches"])  # each rank's batch, as the program sized it
+            run.update(versions={**event.get("versions", {}), **before.versions}, placement=where)
         except EdgetrainError as exc:
             # This machine's disk is full: a run it cannot record is ended now, cleanly.
             self.record_error = exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from edgetrain.shared import mpi, strategies
+from edgetrain.shared import batches, mpi, strategies
 from edgetrain.shared.errors import EdgetrainError, UsageError
 from edgetrain.controller.inventory import DEVICE_GROUPS, Host, Inventory
 
@@ -27,6 +27,8 @@ class Placement:
     np: int
     ranks: tuple[tuple[Host, int], ...]  # (host, ranks on it), rank 0's host first
     oversubscribed: bool = False
+    speeds: tuple[float, ...] | None = None  # --batch-by speed: each rank's (edgetrain.controller.speeds); None: equal batches
+    speeds_from: str | None = None  # where the nodes' speeds came from
 
     @property
     def hosts(self) -> tuple[Host, ...]:
@@ -57,6 +59,8 @@ class Placement:
         if self.head.iface and self.head.mpi_env.get(strategies.HOROVOD_CONTROLLER, env.get(strategies.HOROVOD_CONTROLLER)) == "gloo":
             # Gloo and its rendezvous listen on this interface alone, whoever picked Gloo.
             env.setdefault(strategies.GLOO_IFACE, self.head.iface)
+        if self.speeds is not None:
+            env[batches.SPEEDS_ENV] = ",".join(f"{s:.6g}" for s in self.speeds)
         return {**env, **self.head.mpi_env}
 
     @property

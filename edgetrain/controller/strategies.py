@@ -34,6 +34,9 @@ class Strategy:
     default_port: ClassVar[int] = 0  # that option's default
     probe: ClassVar[str | None] = None  # the module `edgetrain bench` times this strategy's allreduce with; None: bench cannot
     progress: ClassVar[str] = "edgetrain.callbacks.Progress in the script's callbacks"  # where bench reads a script's img/s
+    # Each rank's batch may differ (--batch-by speed): the program sizes its own batches and shards
+    # (edgetrain.shared.batches); TensorFlow's own strategies split one global batch themselves.
+    uneven_batches: ClassVar[bool] = False
 
     def ports(self, plan: Placement, base_port: int) -> dict[str, list[int]]:
         """The ports each host (by name) must have free."""
@@ -65,6 +68,7 @@ class Strategy:
 
 class Horovod(Strategy):
     name = Name.HOROVOD
+    uneven_batches = True
     help = "mpirun + Horovod"
     builtin_jobs = True
     probe = "edgetrain.rank.allreduce"
@@ -134,6 +138,7 @@ class TfParameterServer(Strategy):
 
 class Torch(Strategy):
     name = Name.TORCH
+    uneven_batches = True
     help = ("torch.distributed (DDP): every process gets what torchrun gives its workers (MASTER_ADDR, RANK, WORLD_SIZE, "
             "LOCAL_RANK, ...) and {rank}, {world_size}, {master_url}, ... in the script's arguments")
     needs = "torch"

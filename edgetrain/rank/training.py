@@ -7,8 +7,10 @@ The contract: the learning rate is scaled by the images each update averages (ra
 batches, or with --sync-mode weights the rank's own batch, against the job's batch;
 edgetrain.shared.learning_rate) and warmed up; the ranks talk every --sync-every batches
 (edgetrain.shared.sync); rank 0's initial
-state is broadcast; each rank reads only its own shard; steps per epoch shrink with the number of
-ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
+state is broadcast; each rank reads only its own shard, at its own batch - equal, or by its node's
+speed (edgetrain.shared.batches: the global batch, the steps and the learning rate unchanged, each
+rank's loss weighted so an update is the global batch's mean); steps per epoch shrink with the
+number of ranks; metrics are averaged over ranks; rank 0 alone writes checkpoints (atomically, with a
 manifest) and metrics, through the public callbacks API (``edgetrain.callbacks``).
 """
 
@@ -34,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 
 from edgetrain import callbacks as et  # noqa: E402
 from edgetrain.shared import datasets, job_options, learning_rate  # noqa: E402
+from edgetrain.shared.batches import Batches  # noqa: E402
 from edgetrain import gpu, tracing  # noqa: E402
 from edgetrain.shared.jobs import get as get_job  # noqa: E402
 from edgetrain.shared.sync import Sync, SyncMode  # noqa: E402
@@ -126,6 +129,7 @@ class _Data:
     validation: datasets.Split
     steps: int
     evaluated: int
+    batches: Batches
     test: datasets.Split | None = None
 
 
@@ -136,10 +140,13 @@ def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     held = None
     if args.holdout:
         train_all, held = datasets.hold_out(train_all, args.holdout, args.holdout_split)
-    train_split, val_split = datasets.shard(train_all, rank, size), datasets.shard(held if held is not None else test_all, rank, size)
-    # Shards differ by at most one example: every rank must take the same number of steps, or
-    # the allreduce of the shorter one would wait forever.
-    steps = int(hvd_tf.allreduce(tf.constant(len(train_split.y) // args.batch_size), op=hvd_tf.Min, name="steps"))
+    batches = Batches.planned(args.batch_size, rank, size)
+    # The training shards in proportion to the batches (equal batches: x[rank::size]); validation
+    # is scored in equal shards, whose accuracies the ranks average equally.
+    train_split = datasets.Split(*batches.shard(train_all.x, train_all.y))
+    val_split = datasets.shard(held if held is not None else test_all, rank, size)
+    # Every rank must take the same number of steps, or the allreduce of the shorter one would wait forever.
+    steps = int(hvd_tf.allreduce(tf.constant(len(train_split.y) // batches.mine), op=hvd_tf.Min, name="steps"))
     evaluated = len(val_split.y)
     if args.eval_examples:
         # The count is for the whole set; rounding up keeps each rank's share of a small one non-empty.
@@ -147,8 +154,8 @@ def _shards(spec, rank: int, size: int, args: argparse.Namespace) -> _Data:
     if args.max_steps:
         steps, evaluated = min(steps, args.max_steps), min(evaluated, args.max_steps * args.batch_size)
     if steps < 1:
-        raise ValueError(f"batch size {args.batch_size} leaves no full batch in a shard of {len(train_split.y)} examples")
-    return _Data(train_split, val_split, steps, evaluated, datasets.shard(test_all, rank, size) if held is not None else None)
+        raise ValueError(f"batch size {batches.mine} leaves no full batch in a shard of {len(train_split.y)} examples")
+    return _Data(train_split, val_split, steps, evaluated, batches, datasets.shard(test_all, rank, size) if held is not None else None)
 
 
 def _model(job, options: dict, train_split: datasets.Split):
@@ -173,8 +180,9 @@ def _compiled(net, optimizer, data: _Data, args: argparse.Namespace, sync: Sync)
     per_call = args.steps_per_execution
     for every in (args.eval_every, sync.sync_every if sync.sync_mode is SyncMode.WEIGHTS else None):
         per_call = math.gcd(per_call, every) if every else per_call
+    # Batches by speed: Horovod averages the ranks' gradients equally, so each rank's is weighted by its batch.
     net.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                steps_per_execution=per_call)
+                loss_weights=None if data.batches.even else [data.batches.weight], steps_per_execution=per_call)
     opt.build(net.trainable_variables)
     tracing.build_metrics(net, data.train.x, data.train.y)
     return opt
@@ -186,7 +194,7 @@ def _datasets(job, data: _Data, args: argparse.Namespace, rank: int):
         tf.data.Dataset.from_tensor_slices((data.train.x, data.train.y))
         .shuffle(len(data.train.y), seed=args.seed + rank)
         .repeat()
-        .batch(args.batch_size, drop_remainder=True)
+        .batch(data.batches.mine, drop_remainder=True)
     )
     if augment is not None:
         layer = augment()
@@ -228,7 +236,7 @@ def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: fl
         ),
     ]
     validation_examples = int(hvd_tf.allreduce(tf.constant(data.evaluated), op=hvd_tf.Sum, name="validation_examples"))
-    progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples)
+    progress = et.Progress(args.batch_size, args.target_accuracy, validation_examples=validation_examples, batches=data.batches)
     callbacks += [
         progress,
         et.Evaluations(progress, val_ds, args.eval_every, before=before_evaluation) if args.eval_every else None,

@@ -16,7 +16,7 @@ import time
 from typing import TextIO
 
 from edgetrain.shared import terminal, untrusted
-from edgetrain.shared.untrusted import NUMBER, MapOf, Obj
+from edgetrain.shared.untrusted import NUMBER, ListOf, MapOf, Obj
 
 EVENT_PREFIX = "@edgetrain"
 TOKEN_ENV = "EDGETRAIN_EVENTS_TOKEN"
@@ -34,7 +34,7 @@ EVENT_CHARS = 64 * 1024
 # metrics) travel along unread.
 SCHEMA: dict[str, Obj] = {
     "start": Obj({"job": (str,), "ranks": (int,), "epochs": (int,), "initial_epoch": (int,), "steps": (int,)},
-                 {"versions": MapOf((str,))}),
+                 {"versions": MapOf((str,)), "batches": ListOf((int,))}),
     "step": Obj({"epoch": (int,), "step": (int,), "steps": (int,), "loss": NUMBER}, {"images_per_sec": MAYBE_NUMBER}),
     "epoch": Obj({"epoch": (int,), "elapsed": NUMBER},
                  {k: NUMBER for k in ("loss", "accuracy", "val_loss", "val_accuracy", "images_per_sec")}),
@@ -173,7 +173,9 @@ class ConsoleProgress:
         if kind == "start":
             self.epochs = e["epochs"]
             resumed = f", resuming after epoch {e['initial_epoch']}" if e["initial_epoch"] else ""
-            self.console.print(terminal.shown(f"training {e['job']} on {e['ranks']} ranks, {e['steps']} steps per epoch{resumed}"), highlight=False)
+            batches = f", batches {'/'.join(map(str, e['batches']))} by speed" if e.get("batches") else ""
+            self.console.print(terminal.shown(f"training {e['job']} on {e['ranks']} ranks{batches}, {e['steps']} steps per epoch{resumed}"),
+                               highlight=False)
         elif kind == "step":
             ips = f"  {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
             self._show(f"epoch {e['epoch']}/{self.epochs}", e["step"], e["steps"], f"loss {e['loss']:.4f}{ips}")

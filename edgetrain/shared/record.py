@@ -90,6 +90,9 @@ class Where:
     hosts: list[dict]  # {"host", "ranks"} in rank order
     oversubscribed: bool = False
     nodes: dict[str, dict] | None = None  # docker runtime: per node its runs directory and image
+    speeds: list[float] | None = None  # --batch-by speed: each rank's speed, in rank order; None: equal batches
+    speeds_from: str | None = None  # where the nodes' speeds came from (a bench, the inventory)
+    batches: list[int] | None = None  # each rank's batch where they differ, as rank 0's program reported them
 
 
 @dataclass
@@ -152,7 +155,8 @@ RUN_JSON = Obj(
      "program": Maybe(Obj(optional={"args": STRINGS, "script": (str, NONE), "workdir": (str, NONE), "requirements": Maybe(STRINGS)})),
      "placement": Maybe(Obj({"np": (int,), "runtime": (str,), "strategy": (str,), "inventory": (str,),
                              "hosts": ListOf(Obj({"host": (str,), "ranks": (int,)}))},
-                            {"oversubscribed": (bool,), "nodes": Maybe(MapOf(Obj(optional={"runs_dir": (str,), "image": (str, NONE)})))})),
+                            {"oversubscribed": (bool,), "nodes": Maybe(MapOf(Obj(optional={"runs_dir": (str,), "image": (str, NONE)}))),
+                             "speeds": Maybe(ListOf(NUMBER)), "speeds_from": (str, NONE), "batches": Maybe(ListOf((int,)))})),
      "attempts": Maybe(ListOf(Obj({"started": (str,), "command": STRINGS, "np": (int,), "mpirun": STRINGS},
                                   {"resumed_from_epoch": (int, NONE), "shipped": ListOf((dict,)), "first_step_s": (*NUMBER, NONE),
                                    "excluded": MapOf((str,)), "went_on_without": MapOf((str,))}))),

@@ -65,6 +65,7 @@ def test_a_malformed_event_is_shown_as_the_programs_text():
     {"event": "epoch", "epoch": 1, "elapsed": 2.0, "loss": "low"},  # a field ConsoleProgress formats as a number
     {"event": "eval", "epoch": 1, "step": 3, "seconds": 1.0, "val_accuracy": 0.9, "eval_seconds": 0.1, "reached": 1},
     {"event": "failed", "rank": 0, "host": "n1"},
+    {"event": "start", "job": "lenet", "ranks": 2, "epochs": 1, "initial_epoch": 0, "steps": 10, "batches": [96, "32"]},
 ])
 def test_an_event_without_its_kinds_fields_is_text_and_never_reaches_a_reader(event):
     assert checked(json.dumps(event)) is None
@@ -133,3 +134,13 @@ def test_what_rank_0_reports_is_drawn_as_it_wrote_it_never_as_markup_or_control_
     assert "training [/job] [bold]mine on 1 ranks" in shown
     assert "loss: 0.5 - acc[/top5]: 0.9" in shown
     assert "pwned" not in shown and "\x1b[2J" not in shown and "\x1b]" not in shown
+
+
+def test_the_start_line_names_each_ranks_batch_where_they_differ():
+    out = io.StringIO()
+    start = {"event": "start", "job": "lenet", "ranks": 2, "epochs": 1, "initial_epoch": 0, "steps": 10}
+    with ConsoleProgress(Console(file=out, width=200)) as bar:
+        bar.event(checked(json.dumps({**start, "batches": [96, 32]})))
+        bar.event(start)
+    assert out.getvalue().strip().splitlines() == ["training lenet on 2 ranks, batches 96/32 by speed, 10 steps per epoch",
+                                           "training lenet on 2 ranks, 10 steps per epoch"]

@@ -1,0 +1,79 @@
+"""``--batch-by speed``: each rank's speed, from which every rank takes its batch (edgetrain.shared.batches).
+
+A node's speed comes from, first, the newest bench of this program on this inventory, where it timed
+every placed node training alone (its one-node runs: measured for this job, on these very nodes, so
+it wins); else each placed host's ``edgetrain_speed`` in the inventory (declared: any unit, the same
+on every host, e.g. a Pi 4's LeNet img/s); else the run is refused, saying how to get either. The two
+are never mixed in one plan: their units differ. Ranks sharing a node share its speed equally.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+
+from edgetrain.controller import inventory
+from edgetrain.controller.placement import Placement
+from edgetrain.shared import runs
+from edgetrain.shared.errors import EdgetrainError, UsageError
+
+INVENTORY_VAR = "edgetrain_speed"
+
+
+@dataclass(frozen=True)
+class NodeSpeeds:
+    """What a run by speed knows of its nodes before it is placed: a bench's one-node img/s by host."""
+
+    measured: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    bench: str | None = None  # the bench they came from
+
+    def placed(self, placement: Placement, program: str, log: Callable[[str], None]) -> Placement:
+        """``placement`` with each rank's speed, which every rank's environment then carries; said in a line."""
+        hosts = [h.name for h in placement.hosts]
+        declared = {h.name: h.vars.get(INVENTORY_VAR) for h in placement.hosts}
+        if all(h in self.measured for h in hosts):
+            rates, source = dict(self.measured), f"bench {self.bench}"
+        elif all(v not in (None, "") for v in declared.values()):
+            try:
+                rates = {h: float(inventory.conform(INVENTORY_VAR, v)) for h, v in declared.items()}
+            except inventory.Invalid as exc:
+                raise EdgetrainError(f"--batch-by speed: {exc}") from None
+            source = f"the inventory's {INVENTORY_VAR}"
+        else:
+            unmeasured = ", ".join(h for h in hosts if h not in self.measured)
+            undeclared = ", ".join(h for h, v in declared.items() if v in (None, ""))
+            raise UsageError(f"--batch-by speed needs each node's speed: no bench of {program} on this inventory timed {unmeasured} "
+                             f"alone, and {undeclared} set no {INVENTORY_VAR}",
+                             f"run edgetrain bench {program} --reference concurrent (with the same -i), or set {INVENTORY_VAR} "
+                             "on every host (e.g. its img/s), or drop --batch-by speed")
+        log(f"--batch-by speed: from {source}: " + ", ".join(f"{h} {rates[h]:,.4g}" for h in hosts))
+        ranks = tuple(rates[h.name] / n for h, n in placement.ranks for _ in range(n))
+        return replace(placement, speeds=ranks, speeds_from=source)
+
+
+def from_bench(body: dict | None, root: Path) -> NodeSpeeds:
+    """Each node's one-node img/s in a bench.json ``body`` (None: no bench): the median of its
+    one-node runs beside the most others (``--reference concurrent`` at its largest N, which times
+    each of those nodes under the same neighbours), or with none beside others those run alone. A
+    run's node is the trial's own ``host`` where recorded, else its run record's; a run that cannot
+    be read is passed over."""
+    if body is None:
+        return NodeSpeeds()
+    ones = [t for t in body.get("trials") or [] if t.get("nodes") == 1 and t.get("images_per_sec")]
+    most = max((t.get("beside") or 0 for t in ones), default=0)
+    found: dict[str, list[float]] = {}
+    for t in (t for t in ones if (t.get("beside") or 0) == most):
+        host = t.get("host")
+        if host is None:
+            try:
+                where = runs.find(root, t["run"]).record().placement
+            except (EdgetrainError, OSError):
+                continue
+            host = where.hosts[0]["host"] if where is not None and where.hosts else None
+        if host is not None:
+            found.setdefault(host, []).append(t["images_per_sec"])
+    rates = {host: statistics.median(values) for host, values in found.items()}
+    return NodeSpeeds(MappingProxyType(rates), Path(body["path"]).parent.name if body.get("path") else None)
