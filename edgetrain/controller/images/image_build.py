@@ -88,7 +88,8 @@ def build(
         "GIT_REVISION": git_revision(),
         "BASE_IMAGE": base_image,
         "APT_MIRROR": apt_mirror,
-        "APT_PROXY": apt_proxy,
+        # A predefined build argument: Docker keeps its value out of `docker history` (a custom one it keeps).
+        "HTTP_PROXY": apt_proxy,
         "HOROVOD_BUILD_ARCH_FLAGS": arch_flags,
     }
     start = time.monotonic()
