@@ -249,6 +249,7 @@ def test_the_runs_directorys_write_test_writes_through_no_link(tmp_path, monkeyp
     shared.mkdir()
     (shared / f".write-test-{os.getpid()}").symlink_to(victim)
     assert runs.ensure_writable(shared) == shared
+    assert victim.read_text() == "someone's data\n"
     monkeypatch.setattr(runs.secrets, "token_hex", lambda n: "0" * 2 * n)
     (shared / f".write-test-{os.getpid()}-00000000").symlink_to(victim)
     with pytest.raises(EdgetrainError, match="cannot write run directory .*: File exists"):
