@@ -12,7 +12,6 @@ fields no user chooses, each line matched whole.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -130,8 +129,9 @@ def sbatch_argv(config: LaunchConfig, inv: Inventory, run_id: str, output_dir: P
         "sbatch", "--parsable", f"--job-name={JOB_PREFIX}{run_id}", f"--nodes={len(plan.hosts)}", f"--ntasks={config.np}",
         # --no-kill: a node Slurm takes away ends the attempt as a lost node does (the attempt's monitor), not the job.
         "--exclusive", "--no-kill", f"--constraint={plan.head.arch}", *([f"--partition={group}"] if group else []),
+        "--export=ALL", f"--chdir={Path.cwd()}",
         # The job's console is the run's whole output: in a directory only its user reads.
-        "--export=ALL", f"--chdir={Path.cwd()}", f"--output={output_dir.resolve()}/slurm-%j.out",
+        f"--output={output_dir.resolve()}/slurm-%j.out",
     ]
 
 
@@ -146,10 +146,6 @@ def submit(config: LaunchConfig, inv: Inventory, run_id: str, run_argv: list[str
         raise EdgetrainError(f"sbatch answered {out.strip()[:80]!r}, not a job id", "see whether the job was queued: squeue --me")
     runs.write_anew(mine / f"{_RECORD}{job}", run_id.encode(), mode=0o600)
     return job
-
-
-def _me() -> str:
-    return pwd.getpwuid(os.getuid()).pw_name
 
 
 def _recorded(root: Path) -> tuple[dict[str, str], int]:
@@ -207,9 +203,9 @@ def cancel(run_id: str, root: Path) -> Job:
     job = matches[0]
     # --user: should the queue have changed hands since it was read, scancel still touches only this user's job.
     if job.state is JobState.RUNNING:
-        _slurm("scancel", f"--user={_me()}", "--batch", "--signal=INT", job.job_id)
+        _slurm("scancel", f"--user={os.getuid()}", "--batch", "--signal=INT", job.job_id)
     else:
-        _slurm("scancel", f"--user={_me()}", job.job_id)
+        _slurm("scancel", f"--user={os.getuid()}", job.job_id)
     return job
 
 

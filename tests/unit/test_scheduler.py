@@ -152,7 +152,7 @@ def test_another_users_job_name_neither_crashes_nor_forges_the_queue(slurm):
     # My own cancel stays unambiguous, and signals my job alone.
     done = slurm.run("cancel", mine)
     assert done.returncode == 0 and f"run {mine}: Slurm job {job} taken out of the queue" in done.stdout, done.stderr
-    assert slurm.calls("scancel") == [[f"--user={ME}", job]]
+    assert slurm.calls("scancel") == [[f"--user={os.getuid()}", job]]
 
 
 def test_an_unreadable_line_of_the_queue_is_left_out_and_counted(slurm):
@@ -179,7 +179,7 @@ def test_cancel_touches_only_the_callers_own_jobs_and_refuses_an_empty_id(slurm)
     assert "\x1b" not in listed.stdout + listed.stderr
     done = slurm.run("cancel", mine)
     assert done.returncode == 0, done.stderr
-    assert slurm.calls("scancel") == [[f"--user={ME}", job]]
+    assert slurm.calls("scancel") == [[f"--user={os.getuid()}", job]]
 
 
 def test_a_run_directorys_name_never_reaches_sbatchs_environment_list(slurm):
