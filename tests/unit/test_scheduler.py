@@ -225,3 +225,12 @@ def test_a_users_slurm_directory_someone_else_made_is_not_used(slurm):
     (slurm.runs / f".slurm-{os.getuid()}").symlink_to(slurm.runs)
     assert_one_line_error(slurm.run("submit", "lenet", "--np", "1"), "is not a directory of yours that only you can read")
     assert slurm.calls("sbatch") == []
+
+
+def test_a_line_of_sinfo_that_is_not_a_node_and_its_state_is_left_out(slurm):
+    """The watcher's and doctor's view of the nodes: a line without its separator ended them in a ValueError."""
+    s = slurm.load()
+    s["nodes"] = {"n1": "idle", "half\nn2": "down*"}  # sinfo prints "half", then "n2|down*"
+    slurm.save(s)
+    assert scheduler.nodes_view() == [scheduler.NodeView("n1", "idle"), scheduler.NodeView("n2", "down*")]
+    assert scheduler.taken(["n1", "n2"]) == {"n2": "down*"}
