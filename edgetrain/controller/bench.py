@@ -716,9 +716,20 @@ def latest(root: Path, program: str, inventory: Path | None, having: str = "poin
     return None
 
 
-def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path | None, log: Callable[[str], None]) -> JobOptions:
+def steps_per_epoch(program: str, options: JobOptions, np: int) -> int:
+    """The steps each of ``np`` ranks takes in an epoch of the built-in job ``program`` (as its ranks count them)."""
+    spec = jobs.get(program)
+    batch = options.batch_size or spec.batch_size
+    steps = max(1, trained_on(spec.dataset, options.holdout) // max(np, 1) // batch)
+    return min(steps, options.max_steps) if options.max_steps else steps
+
+
+def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path | None, np: int,
+                log: Callable[[str], None]) -> JobOptions:
     """``--sync-every auto`` (None) replaced by the newest bench's choice for this program on this
-    inventory, said in a line; other options are returned as they are."""
+    inventory, said in a line; other options are returned as they are. A bench.json is anyone's
+    file: a choice past the steps of one epoch (where every epoch's end syncs anyway) is clipped to
+    them, and said."""
     if options.sync_every is not None:
         return options
     body = latest(root, program, inventory, having="sync_choice")
@@ -727,9 +738,12 @@ def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path |
         raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {where} in {root} chose one",
                          f"run edgetrain bench {program} --sync-candidates 1,2,4,8 (with the same -i), or give --sync-every K")
     c = body["sync_choice"]
-    log(f"--sync-every auto: {c['sync_every']} --sync-mode {c['sync_mode']}, chosen by bench {Path(body['path']).parent.name} "
-        f"on {c['nodes']} nodes by {c['by']}")
-    return replace(options, sync_every=c["sync_every"], sync_mode=SyncMode(c["sync_mode"]))
+    every, most = c["sync_every"], steps_per_epoch(program, options, np)
+    clipped = f" (it chose {every}, more than the {most} steps of an epoch on {np} rank(s): clipped)" if every > most else ""
+    every = min(every, most)
+    log(f"--sync-every auto: {every} --sync-mode {c['sync_mode']}, chosen by bench {Path(body['path']).parent.name} "
+        f"on {c['nodes']} nodes by {c['by']}{clipped}")
+    return replace(options, sync_every=every, sync_mode=SyncMode(c["sync_mode"]))
 
 
 def _where(inventory: Path | None) -> str | None:
@@ -749,7 +763,8 @@ def advice(body: dict, n_hosts: int) -> str | None:
         rate = chosen["images_per_sec"]
         how = f" with --sync-every {chosen['sync_every']} {chosen['sync_mode']}, E({n_hosts}) = {rate / (n_hosts * by_n[1]['images_per_sec']):.0%}"
     else:
-        rate, how = here["images_per_sec"], f", E({n_hosts}) = {here['efficiency']:.0%}"
+        # A bench without its one-node reference wrote no efficiency (null): the rates still speak.
+        rate, how = here["images_per_sec"], f", E({n_hosts}) = {here['efficiency']:.0%}" if here.get("efficiency") is not None else ""
     if best is not None and rate <= 1.05 * best["images_per_sec"]:
         return (f"on {n_hosts} nodes this job trained at {rate:,.0f} img/s, against "
                 f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench{how}): "

@@ -22,7 +22,7 @@ from edgetrain.controller import collect as collecting
 from edgetrain.controller import containers, shipping, speeds
 from edgetrain.shared import datasets, jobs, runs
 from edgetrain.controller import config as configs
-from edgetrain.controller import launch, scheduler, supervisor
+from edgetrain.controller import allocation, launch, scheduler, supervisor
 from edgetrain.controller import program as programs
 from edgetrain.controller import requirements as extra
 from edgetrain.shared import workdir as workdir_mod
@@ -76,7 +76,7 @@ def _launch_command(submitting: bool):
     def command(
         target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
         script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
-        np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
+        np: Annotated[Optional[int], typer.Option("--np", help="Number of ranks (default 1; inside a Slurm allocation, the tasks it holds).")] = None,
         inventory: InventoryOpt = None,
         group: GroupOpt = None,
         runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
@@ -100,8 +100,9 @@ def _launch_command(submitting: bool):
         data_dir: DataDirOpt = None,
         options: JobOptions = JobOptions(),
     ) -> None:
+        np = _ranks(np, submitting)
         if target in jobs.JOBS:
-            options = benching.chosen_sync(options, runs_dir, target, inventory, _say)
+            options = benching.chosen_sync(options, runs_dir, target, inventory, np, _say)
         program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
         config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
                                  master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
@@ -127,9 +128,29 @@ submit = app.command("submit", context_settings=LAUNCH_SETTINGS, help="Queue a r
                      "and job id; the job runs `edgetrain run` on whole nodes the scheduler gives it.")(_launch_command(submitting=True))
 
 
+def _ranks(np: int | None, submitting: bool) -> int:
+    """--np; without it, inside a Slurm allocation the tasks it holds (as mpirun and srun take), said
+    on the run's first line. `submit` asks Slurm for its own."""
+    if np is not None:
+        return np
+    held = None if submitting else allocation.current()
+    if held is None:
+        return 1
+    _say(f"inside Slurm job {held.job_id}: --np {held.tasks}, the tasks it holds ({held.tasks_from})")
+    return held.tasks
+
+
 def _submit(config: configs.LaunchConfig) -> None:
     """The run as a Slurm batch job, with its id chosen now so that the queue and the runs directory name it alike."""
-    run_id = runs.find(config.runs_dir, config.resume).id if config.resume else runs.new_id(config.program.name)
+    if config.resume:
+        resumed = runs.find(config.runs_dir, config.resume)
+        ran = resumed.record().job  # a run.json that names no job (damaged, or not a run's) is nothing to resume
+        if ran != config.program.name:
+            raise EdgetrainError(f"run {resumed.id} holds {f'a {ran}' if ran else 'no'} checkpoint, not {config.program.name}",
+                                 f"resume it with: {launch.command_of(resumed, ran)}" if ran else "submit it anew")
+        run_id = resumed.id
+    else:
+        run_id = runs.new_id(config.program.name)
     argv = sys.argv[sys.argv.index("submit") + 1:]
     job = scheduler.submit(config, inventories.load(config.inventory), run_id, argv)
     console.print(f"run {run_id}: Slurm job {job}", markup=False, highlight=False)
@@ -142,7 +163,10 @@ def _attempt(started: launch.Launch) -> launch.Outcome:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
     scaled = benching.latest(config.runs_dir, config.program.name, config.inventory)
-    advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
+    try:
+        advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
+    except Exception as exc:  # noqa: BLE001 - advice from anyone's bench.json, after the run has started: never its end
+        advice = f"edgetrain bench's advice left out: {scaled.get('path')} did not read as a bench ({type(exc).__name__}: {exc})"
     if advice:
         _warn(advice)
     console.print(f"run {started.run.id}: logs and outputs in {started.run.path}", markup=False)
@@ -334,10 +358,13 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
     """One line per run."""
     summaries = [runs.summarize(r) for r in runs.all_runs(runs_dir)]
     try:
-        queued = scheduler.queue()
+        read = scheduler.queue(runs_dir)
     except EdgetrainError as exc:  # the runs directory's records stand without the queue
         _warn(f"Slurm's queue left out: {exc}")
-        queued = []
+        read = scheduler.Queue([])
+    queued = read.jobs
+    if read.unreadable:
+        _warn(f"{read.unreadable} line(s) of Slurm's queue or of your job records did not read as they must and are left out")
     if as_json:
         print(json.dumps({"schema": runs.SCHEMA, "runs": [s.as_json() for s in summaries],
                           "slurm": [{**asdict(j), "state": j.state.value} for j in queued]}, indent=1))
@@ -361,9 +388,10 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
 
 
 @app.command()
-def cancel(run_id: Annotated[str, typer.Argument(metavar="RUN", help="A submitted run's id (or a unique prefix).")]) -> None:
-    """End a submitted run: a queued one leaves the queue; a running one stops as after Ctrl-C (containers removed, run recorded interrupted)."""
-    job = scheduler.cancel(run_id)
+def cancel(run_id: Annotated[str, typer.Argument(metavar="RUN", help="A run you submitted: its id (or a unique prefix).")],
+           runs_dir: RunsDirOpt = Path("runs")) -> None:
+    """End a run you submitted: a queued one leaves the queue; a running one stops as after Ctrl-C (containers removed, run recorded interrupted)."""
+    job = scheduler.cancel(run_id, runs_dir)
     ended = ("signalled: it removes its containers and records the run interrupted" if job.state is scheduler.JobState.RUNNING
              else "taken out of the queue")
     console.print(f"run {job.run_id}: Slurm job {job.job_id} {ended}", markup=False, highlight=False)

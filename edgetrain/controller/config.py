@@ -96,6 +96,8 @@ def resolve(program: Program, *, strategy: str = DEFAULT, tf_port: int = PORT_FL
 
 def check(config: LaunchConfig) -> None:
     """Every check of a config that needs nothing but the config."""
+    if config.run_id is not None and not runs.RUN_ID.fullmatch(config.run_id):
+        raise UsageError(f"{config.run_id!r} (from EDGETRAIN_RUN_ID) is not a run id", "unset EDGETRAIN_RUN_ID; submit sets it in its jobs")
     if not config.hang_timeout > 0 or config.hang_timeout == float("inf"):
         raise UsageError(f"--hang-timeout {config.hang_timeout} must be a positive number of seconds", "e.g. --hang-timeout 300")
     if not config.strategy.builtin_jobs and config.program.job is not None:

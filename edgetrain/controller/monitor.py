@@ -86,6 +86,7 @@ class Monitor:
         # the epoch at whose start the left-out nodes were last looked for.
         self.epoch, self.first_epoch, self.looked_at = 0, None, 0
         self.looks = 0
+        self.look_failures: set[str] = set()
         self.stream_open = True
         # What mpirun's stream said: the last epoch's event, the last lines that were not events
         # (what a failure is judged by: Hydra's words come last), seconds from the launch to the
@@ -138,10 +139,12 @@ class Monitor:
 
     def _next(self, events: queue.Queue[Event], timeout: float) -> None:
         try:
-            event = events.get(timeout=timeout)
+            self.handle(events.get(timeout=timeout))
         except queue.Empty:
-            return
-        self.handle(event)
+            pass
+        # Judged on the clock, not on the watcher's looks: a watcher stuck in a look (a Slurm
+        # controller that does not answer) must not stop the hang checks.
+        self._timed(time.monotonic())
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Output):
@@ -152,6 +155,9 @@ class Monitor:
             self.on_event(event.event)
         elif isinstance(event, Looked):
             self.looks += 1
+            if event.failed and event.failed not in self.look_failures:
+                self.look_failures.add(event.failed)  # said once each: the next look is tried all the same
+                self.launch.config.log(f"edgetrain: warning: a look at the nodes failed ({event.failed}); watching goes on")
             if self.watch is Watch.WATCHING:
                 self._looked(event)
         elif isinstance(event, Back):
@@ -217,12 +223,17 @@ class Monitor:
 
     # -- the nodes --------------------------------------------------------------------------------
 
-    def _looked(self, event: Looked) -> None:
-        if event.at - self.last_output > self.launch.config.hang_timeout:
-            self._fail(None, f"hang: no output from any rank for {self.launch.config.hang_timeout:.0f} s (--hang-timeout)")
+    def _timed(self, now: float) -> None:
+        if self.watch is not Watch.WATCHING:
             return
-        if self.rank_failed is not None and event.at - self.rank_failed > FAILED_GRACE:
+        if now - self.last_output > self.launch.config.hang_timeout:
+            self._fail(None, f"hang: no output from any rank for {self.launch.config.hang_timeout:.0f} s (--hang-timeout)")
+        elif self.rank_failed is not None and now - self.rank_failed > FAILED_GRACE:
             self._fail(None, f"rank 0 failed and the other ranks had not ended {FAILED_GRACE:.0f} s later")
+
+    def _looked(self, event: Looked) -> None:
+        self._timed(event.at)
+        if self.watch is not Watch.WATCHING:
             return
         states = event.states or ()
         for st in states:

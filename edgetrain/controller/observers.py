@@ -56,6 +56,7 @@ class Looked:
     states: tuple[containers.NodeState, ...] | None
     at: float
     taken: Mapping[str, str] = field(default_factory=dict)
+    failed: str | None = None  # what went wrong with the look itself, where something unforeseen did
 
 
 @dataclass(frozen=True)
@@ -123,12 +124,18 @@ class Watcher(threading.Thread):
             self._hurry.clear()
             if self._ended.is_set():
                 return
-            self._look_for_asked()
             try:
-                states = tuple(self.runtime.states())
-            except EdgetrainError:
-                states = None
-            self.post(Looked(states, time.monotonic(), self._taken()))
+                self._look()
+            except Exception as exc:  # noqa: BLE001 - a watcher that died would leave the run unwatched for good
+                self.post(Looked(None, time.monotonic(), failed=f"{type(exc).__name__}: {exc}"))
+
+    def _look(self) -> None:
+        self._look_for_asked()
+        try:
+            states = tuple(self.runtime.states())
+        except EdgetrainError:
+            states = None
+        self.post(Looked(states, time.monotonic(), self._taken()))
 
     def _taken(self) -> dict[str, str]:
         if self.held is None:

@@ -9,6 +9,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -251,8 +252,9 @@ def ensure_writable(root: Path) -> Path:
     """Create the runs directory, or say clearly why it cannot be used."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"
-        probe.write_text("")
+        # A new file of our own, never one a link left at the (predictable) name points to.
+        probe = root / f".write-test-{os.getpid()}-{secrets.token_hex(4)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         probe.unlink()
     except OSError as exc:
         raise EdgetrainError(
@@ -262,13 +264,33 @@ def ensure_writable(root: Path) -> Path:
     return root
 
 
+def slurm_dir(root: Path, create: bool = True) -> Path | None:
+    """This user's corner of a runs root for Slurm: the jobs' console output (the whole console,
+    for its owner only) and which run each submitted job is. The runs root may be a group's, so it
+    is 0700, this user's and not a link, or not used; None where it does not exist (and not ``create``)."""
+    path = root / f".slurm-{os.getuid()}"
+    try:
+        if create:
+            path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise EdgetrainError(f"cannot make {path}: {exc.strerror or exc}",
+                             "pass --runs-dir DIR (or set EDGETRAIN_RUNS) to a writable directory") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise EdgetrainError(f"{path} is not a directory of yours that only you can read",
+                             "remove it (edgetrain makes it anew), then try again")
+    return path
+
+
 def new_id(job: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{job}-{secrets.token_hex(2)}"
 
 
 def create(root: Path, job: str, run_id: str | None = None) -> Run:
     """A new run directory, under ``run_id`` where one was chosen beforehand (a Slurm job's, by `submit`)."""
-    if run_id is not None and not RUN_ID.match(run_id):
+    if run_id is not None and not RUN_ID.fullmatch(run_id):
         raise UsageError(f"{run_id!r} is not a run id")
     ensure_writable(root)
     for _ in range(10):
@@ -299,7 +321,8 @@ METRIC_RECORDS = {
     "test": untrusted.Obj({"test_accuracy": NUMBER}, {"test_loss": (*NUMBER, NONE), "examples": (int, NONE), "after_epoch": (int,),
                                                       "step": (int,)}),
 }
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Matched whole (fullmatch): ``$`` alone would take an id ending in a newline.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def find(root: Path, run_id: str) -> Run:
@@ -309,7 +332,7 @@ def find(root: Path, run_id: str) -> Run:
 
 def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
     """The directory of a run or bench (one holding any of ``markers``) by id or a unique prefix."""
-    if not RUN_ID.match(run_id or ""):
+    if not RUN_ID.fullmatch(run_id or ""):
         raise UsageError(f"{run_id!r} is not a run id", "see the runs with: edgetrain runs list")
 
     def held(p: Path) -> bool:
@@ -317,7 +340,8 @@ def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
 
     if held(root / run_id):
         return root / run_id
-    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and held(p)) if root.is_dir() else []
+    # A directory whose name is not a run id (one with a comma, a newline) is nobody's run.
+    matches = sorted(p for p in root.iterdir() if p.name.startswith(run_id) and RUN_ID.fullmatch(p.name) and held(p)) if root.is_dir() else []
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:

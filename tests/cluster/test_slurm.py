@@ -116,11 +116,12 @@ def test_two_users_queue_and_neither_shares_a_node(users, report):
     time.sleep(3)  # a scheduling pass (sched_min_interval 2 s)
     waiting = scontrol_job(c.bed, second_job)
     assert waiting["JobState"] == "PENDING" and waiting["Reason"] == "Resources", waiting
-    listed = users.on_head(users.login, "runs", "list", "--json")
-    assert listed.returncode == 0, listed.stderr
-    queue = {j["run_id"]: j for j in json.loads(listed.stdout)["slurm"]}
-    assert queue[first]["state"] == "RUNNING" and queue[first]["user"] == "root", queue
-    assert queue[second]["state"] == "PENDING" and queue[second]["user"] == users.login, queue
+    # Each user's list holds that user's own jobs, read from squeue --me (never another's job name).
+    for user, run_id, job, state_now in (("root", first, first_job, "RUNNING"), (users.login, second, second_job, "PENDING")):
+        listed = users.on_head(user, "runs", "list", "--json")
+        assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+        queue = json.loads(listed.stdout)["slurm"]
+        assert [(j["run_id"], j["job_id"], j["state"], j["user"]) for j in queue] == [(run_id, job, state_now, user)], queue
     table = users.on_head(users.login, "runs", "list")
     assert re.search(rf"{second}\s+{second_job}\s+pending\s+{users.login}\s+3\s+Resources", table.stdout), table.stdout
 
@@ -185,7 +186,7 @@ def test_a_node_slurm_takes_away_is_a_lost_node_and_the_run_resumes_without_it(u
     c = users.c
     run_id, job = users.submit("root", "lenet", "--np", "3", "-i", "INVENTORY", "--epochs", "3", "--max-steps", "20",
                                "--max-restarts", "1")
-    out = users.runs["root"] / f"slurm-{job}.out"
+    out = users.runs["root"] / ".slurm-0" / f"slurm-{job}.out"  # root's own corner of the runs directory
     wait_for("the first epoch and its checkpoint", lambda: out.is_file() and "epoch 1/3" in out.read_text(), timeout=600, every=2)
     slurm = {"PATH": "/usr/bin:/bin", **c.bed.state.slurm_env}
     subprocess.run(["scontrol", "update", "nodename=node3", "state=down", "reason=taken by the test"], check=True, env=slurm)

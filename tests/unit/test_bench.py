@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from edgetrain.controller import bench
-from edgetrain.shared import runs
+from edgetrain.controller import bench, plots
+from edgetrain.shared import runs, untrusted
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import Sync, SyncMode
@@ -321,13 +321,13 @@ def test_run_sync_every_auto_takes_the_newest_benchs_choice_for_the_program_and_
     _bench_with_choice(root, "20261204-000000-bench-lenet-dddd", {**chose, "sync_mode": "sideways"})  # damaged: passed over
     _bench_with_choice(root, "20261205-000000-bench-lenet-eeee", {**chose, "sync_every": 8}, inventory="/elsewhere")
     said: list[str] = []
-    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, said.append)
+    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
     assert (options.sync_every, options.sync_mode) == (4, SyncMode.WEIGHTS)
     assert said == ["--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes "
                     "by time to the target"]
-    assert bench.chosen_sync(JobOptions(sync_every=2), root, "lenet", None, said.append).sync_every == 2  # not auto: as given
+    assert bench.chosen_sync(JobOptions(sync_every=2), root, "lenet", None, 3, said.append).sync_every == 2  # not auto: as given
     with pytest.raises(UsageError, match="no bench of fashion on this machine in .* chose one"):
-        bench.chosen_sync(JobOptions(sync_every=None), root, "fashion", None, said.append)
+        bench.chosen_sync(JobOptions(sync_every=None), root, "fashion", None, 3, said.append)
     # Through the CLI: the line, then the run's own first error (no ranks).
     r = edgetrain("run", "lenet", "--sync-every", "auto", "--np", "0", "--runs-dir", str(root))
     assert "--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb" in r.stdout, r.stdout
@@ -382,3 +382,28 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     # The points are the N-loop's alone: the candidates' tries are not medians of any N.
     assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
     assert bench.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice
+
+
+def test_sync_every_auto_is_bounded_by_the_steps_of_an_epoch_and_says_so(tmp_path):
+    """Issue 80, item 9: a bench.json's sync_every of 10**12 was taken as it was (0.10 accuracy against 0.57)."""
+    root = tmp_path / "runs"
+    _bench_with_choice(root, "20261202-000000-bench-lenet-bbbb", {"sync_every": 10**12, "sync_mode": "weights", "nodes": 3, "by": "img/s"})
+    said: list[str] = []
+    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
+    # 60,000 MNIST examples over 3 ranks of 64: 312 steps an epoch.
+    assert options.sync_every == bench.steps_per_epoch("lenet", JobOptions(), 3) == 312
+    assert said == ["--sync-every auto: 312 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes by img/s "
+                    "(it chose 1000000000000, more than the 312 steps of an epoch on 3 rank(s): clipped)"]
+    assert bench.chosen_sync(JobOptions(sync_every=None, max_steps=20), root, "lenet", None, 3, said.append).sync_every == 20
+
+
+def test_a_bench_without_its_one_node_reference_still_advises_and_never_fails_a_run():
+    """Issue 80, item 5: "efficiency": null (written when the reference is missing) ended every run
+    of the job in a TypeError after its containers had started."""
+    body = _body({1: 231, 2: 165, 3: 160})
+    for p in body["points"]:
+        p.update(trials=[], efficiency=None, reference=None)
+    untrusted.check(body, plots.SCHEMA)  # what run reads passes bench.json's schema
+    warning = bench.advice(body, 3)
+    assert warning == ("on 3 nodes this job trained at 160 img/s, against 231 img/s on 1 (edgetrain bench): "
+                       "the extra nodes do not pay")

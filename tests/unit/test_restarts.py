@@ -3,6 +3,8 @@ next attempt (whose checks pass as the user's did), or the line that says why no
 
 from __future__ import annotations
 
+import queue
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -103,3 +105,51 @@ def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_param
     assert stopped == [True] and watched.verdict == (None, (
         "every rank the run could go on without was lost (node3, node4), and it cannot go on with none"))
     assert watched.lost is None
+
+
+def _watched(hang_timeout: float = 300.0):
+    """A monitor of a horovod run on HOSTS, its runtime's stops and the lines it said."""
+    said, stopped = [], []
+    plan = placement.plan(Inventory(Path("inv"), HOSTS), 3)
+    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), np=3, hang_timeout=hang_timeout, log=said.append)
+    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, losable={},
+                           runtime=SimpleNamespace(stop=lambda: stopped.append(True)))
+    return monitor.Monitor(fake, lambda event: None, lambda line: None), stopped, said
+
+
+def test_the_watcher_outlives_a_look_that_raises_anything_and_says_so_once():
+    """Issue 80, item 4: a Slurm controller that does not answer made the look raise
+    TimeoutExpired; the watcher, which caught only EdgetrainError, died with the node checks."""
+    looks = []
+
+    def states():
+        looks.append(time.monotonic())
+        if len(looks) <= 2:
+            raise subprocess.TimeoutExpired(["sinfo"], 60)
+        return []
+
+    events: queue.Queue = queue.Queue()
+    runtime = SimpleNamespace(states=states, plan=SimpleNamespace(hosts=HOSTS), nodes=None)
+    watcher = observers.Watcher(runtime, "r1", events.put, interval=0.01)
+    watcher.start()
+    try:
+        seen = [events.get(timeout=10) for _ in range(4)]
+    finally:
+        watcher.end()
+        watcher.join(timeout=10)
+    assert [e.failed for e in seen[:2]] == ["TimeoutExpired: Command '['sinfo']' timed out after 60 seconds"] * 2
+    assert seen[3].failed is None and seen[3].states == ()
+    watched, stopped, said = _watched()
+    for e in seen:
+        watched.handle(e)
+    assert said == ["edgetrain: warning: a look at the nodes failed (TimeoutExpired: Command '['sinfo']' timed out after 60 seconds); "
+                    "watching goes on"]
+    assert watched.watch is monitor.Watch.WATCHING and stopped == []
+
+
+def test_a_hang_is_judged_on_the_clock_without_any_look():
+    """Item 4: the hang checks ran on the watcher's looks; with no watcher left, a hung job held its nodes forever."""
+    watched, stopped, _ = _watched(hang_timeout=0.05)
+    time.sleep(0.1)
+    watched._next(queue.Queue(), 0.01)  # nothing posted: no output, no look
+    assert watched.verdict == (None, "hang: no output from any rank for 0 s (--hang-timeout)") and stopped == [True]

@@ -238,3 +238,27 @@ def test_a_shipped_manifest_nested_too_deep_is_named_by_show_and_refused_by_coll
                                                  f"{untrusted.MAX_DEPTH} levels) - copy the run directory by hand"]
     assert_one_line_error(edgetrain("collect", BAD, "--dest", str(tmp_path / "dest"), "--runs-dir", str(root)),
                           f"{workdir.MANIFEST} is damaged (it nests deeper than")
+
+
+def test_the_runs_directorys_write_test_writes_through_no_link(tmp_path, monkeypatch):
+    """Issue 80, item 6: a link at .write-test-<pid> (pids are predictable) to another file had it
+    truncated to 0 bytes. The probe's name is no longer predictable, and a link there is refused."""
+    victim = tmp_path / "victim"
+    victim.write_text("someone's data\n")
+    shared = tmp_path / "runs"
+    shared.mkdir()
+    (shared / f".write-test-{os.getpid()}").symlink_to(victim)
+    assert runs.ensure_writable(shared) == shared
+    assert victim.read_text() == "someone's data\n"
+    monkeypatch.setattr(runs.secrets, "token_hex", lambda n: "0" * 2 * n)
+    (shared / f".write-test-{os.getpid()}-00000000").symlink_to(victim)
+    with pytest.raises(EdgetrainError, match="cannot write run directory .*: File exists"):
+        runs.ensure_writable(shared)
+    assert victim.read_text() == "someone's data\n"
+
+
+def test_a_directory_whose_name_is_no_run_id_is_not_found_by_a_prefix(root):
+    """Issue 80, item 3: the name reached sbatch's --export list through a prefix match."""
+    make_run(root, "20261205-000000-lenet-aa,PYTHONPATH=runs,LD_PRELOAD=libevil.so")
+    with pytest.raises(EdgetrainError, match="no run '20261205-000000-lenet-aa'"):
+        runs.find(root, "20261205-000000-lenet-aa")

@@ -56,6 +56,12 @@ class BuildResult:
     base_image: str | None
 
 
+# The build argument --apt-proxy travels in (images/apt-install reads it): one of Docker's
+# predefined ones, which `docker history` leaves out unless a Dockerfile declares it; a custom
+# argument's value, credentials included, would stay in the image's history on every node.
+PROXY_ARG = "HTTP_PROXY"
+
+
 def build(
     tgt: Target,
     cache_dir: Path,
@@ -88,7 +94,7 @@ def build(
         "GIT_REVISION": git_revision(),
         "BASE_IMAGE": base_image,
         "APT_MIRROR": apt_mirror,
-        "APT_PROXY": apt_proxy,
+        PROXY_ARG: apt_proxy,
         "HOROVOD_BUILD_ARCH_FLAGS": arch_flags,
     }
     start = time.monotonic()
