@@ -291,11 +291,11 @@ class SyncEvery:
         means = [torch.empty_like(p) for p in self.params]
         self._unflat(flat, means)
         if self.setting.plain_average:
-            for p, mean in zip(self.params, means):
+            for p, mean in zip(self.params, means, strict=True):
                 p.copy_(mean)
         else:
             mu, rate = self.setting.outer_momentum, self.setting.outer_lr
-            for i, (p, mean, anchor) in enumerate(zip(self.params, means, self.anchor)):
+            for i, (p, mean, anchor) in enumerate(zip(self.params, means, self.anchor, strict=True)):
                 outer = anchor - mean  # the outer gradient: the change since the last sync, reversed
                 if mu:
                     self.momentum[i].mul_(mu).add_(outer)
@@ -310,6 +310,7 @@ class SyncEvery:
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's outer momentum, and the anchor from the model just restored."""
-        for m, saved in zip(self.momentum, state.get("momentum") or []):
+        # None or empty: a checkpoint of no outer momentum, which leaves this one as it is.
+        for m, saved in zip(self.momentum, state.get("momentum") or self.momentum, strict=True):
             m.copy_(saved)
         self._anchor()

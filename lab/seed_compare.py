@@ -53,7 +53,7 @@ def one_slot(inventory: str) -> str:
 
 
 def _edgetrain(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=ROOT, capture_output=True, text=True, timeout=7200)
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=ROOT, capture_output=True, text=True, timeout=7200, check=False)
 
 
 def seed(inv: str, n: int, target: float, epochs: int, runs_dir: str) -> dict:

@@ -66,7 +66,7 @@ class Measure(tf.keras.callbacks.Callback):
     """img/s of each epoch's training steps (validation and judging excluded), and the seconds of
     training since the first step."""
 
-    def __init__(self, steps: int, batch: int = BATCH, stop_at: float | None = None, judge: "Judge | None" = None):
+    def __init__(self, steps: int, batch: int = BATCH, stop_at: float | None = None, judge: Judge | None = None):
         super().__init__()
         self.steps, self.batch, self.stop_at, self.judge = steps, batch, stop_at, judge
         self.first = self.epoch_start = self.train_end = None

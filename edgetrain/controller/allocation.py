@@ -47,7 +47,7 @@ def _split_top(text: str) -> list[str]:
             start = i + 1
     if depth:
         raise ValueError(f"unbalanced '[' in {text!r}")
-    return parts + [text[start:]]
+    return [*parts, text[start:]]
 
 
 def _expand_one(name: str) -> list[str]:
@@ -90,7 +90,7 @@ def hostnames(nodelist: str) -> list[str]:
     """The allocation's nodes: Slurm's own expansion where its commands are here, else ours."""
     scontrol = shutil.which("scontrol")
     if scontrol and scheduler.configured():
-        r = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=False)
         if r.returncode == 0 and r.stdout.split():
             return r.stdout.split()
     return parse_hostlist(nodelist)
@@ -108,7 +108,7 @@ def current(environ: Mapping[str, str] = os.environ) -> Allocation | None:
         raise EdgetrainError(f"Slurm job {job}: cannot read its allocation: {exc}") from None
     if len(tasks) != len(nodes):
         raise EdgetrainError(f"Slurm job {job}: {TASKS_PER_NODE} counts {len(tasks)} nodes, {NODELIST} names {len(nodes)}")
-    return Allocation(job, tuple(zip(nodes, tasks)))
+    return Allocation(job, tuple(zip(nodes, tasks, strict=True)))
 
 
 def within(inventory: Inventory, allocation: Allocation | None) -> Inventory:

@@ -488,7 +488,7 @@ class Bench:
         def one(host: str) -> None:
             try:
                 done[host] = self.train(1, attempt, on=host, beside=n - 1)
-            except Exception as exc:  # raised in the bench's thread below
+            except Exception as exc:  # noqa: BLE001 - raised in the bench's thread below
                 done[host] = exc
 
         threads = [threading.Thread(target=one, args=(h,), name=f"bench-{h}", daemon=True) for h in hosts]
@@ -532,7 +532,7 @@ class Bench:
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
-                                    for host, t in zip(self.left, alongside)))
+                                    for host, t in zip(self.left, alongside, strict=True)))
                     self.save()
                 if n > 1 and req.sync_candidates:
                     self.try_syncs(n, attempt)

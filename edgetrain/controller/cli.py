@@ -10,7 +10,7 @@ import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -48,11 +48,11 @@ app.add_typer(images_app, name="images")
 console = Console()
 err_console = Console(stderr=True)
 
-InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
+InventoryOpt = Annotated[Path | None, typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
-GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
+GroupOpt = Annotated[str | None, typer.Option(help="Device group to use: rpi or gpu.")]
 StrategyOpt = Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")]
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 TfPortOpt = Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")]
 MasterPortOpt = Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")]
 MaxRestartsOpt = Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")]
@@ -74,22 +74,22 @@ def _launch_command(submitting: bool):
     @with_job_options("run", programs.parse_options)
     def command(
         target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
-        script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+        script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
         np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
         inventory: InventoryOpt = None,
         group: GroupOpt = None,
-        runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+        runtime: Annotated[str | None, typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
         strategy: StrategyOpt = DEFAULT,
         tf_port: TfPortOpt = configs.PORT_FLAGS["tf_port"],
-        ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
+        ps: Annotated[int | None, typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
         master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
-        workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
+        workdir: Annotated[Path | None, typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
         max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
         max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
         ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
-        requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
-        dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
-        resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
+        requirements: Annotated[Path | None, typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
+        dataset: Annotated[list[str] | None, typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
+        resume: Annotated[str | None, typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
         hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
         max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
         min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
@@ -183,19 +183,19 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
 @with_job_options("bench", programs.parse_options)
 def bench(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
-    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
+    script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]")] = None,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
-    nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
+    nodes: Annotated[str | None, typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
-    gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
+    gradient_mb: Annotated[float | None, typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
     reference: Annotated[benching.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = benching.Reference.ALONE,
     master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     runs_dir: RunsDirOpt = Path("runs"),
-    sync_candidates: Annotated[Optional[str], typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at each N > 1 for each --sync-every K (both modes; given --outer-lr or --outer-momentum, weights only), measure each mode's best right after the N-loop's try there, and record the choice at the largest N for run --sync-every auto, e.g. 1,2,4,8.")] = None,
+    sync_candidates: Annotated[str | None, typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at each N > 1 for each --sync-every K (both modes; given --outer-lr or --outer-momentum, weights only), measure each mode's best right after the N-loop's try there, and record the choice at the largest N for run --sync-every auto, e.g. 1,2,4,8.")] = None,
     options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
@@ -233,7 +233,7 @@ def _pct(value: float | None) -> str:
 def collect(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")],
     dest: Annotated[Path, typer.Option(help="Directory to copy the run into (as DEST/<run-id>/).")],
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
     """Copy a run's checkpoints, metrics and logs to DEST (from its rank-0 node for container runs), verifying every checkpoint file."""
@@ -254,8 +254,8 @@ def collect(
 
 @app.command()
 def doctor(
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
-    np: Annotated[Optional[int], typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
+    np: Annotated[int | None, typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
     group: GroupOpt = None,
     job: Annotated[str, typer.Option(help="Whose dataset to verify on the nodes.")] = "lenet",
     runs_dir: RunsDirOpt = Path("runs"),
@@ -429,8 +429,8 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN")], runs_dir: R
 @runs_app.command("plot")
 def runs_plot(ids: Annotated[list[str], typer.Argument(metavar="RUN|BENCH", help="Runs, or benches (their directories' names), on one figure.")],
               runs_dir: RunsDirOpt = Path("runs"),
-              out: Annotated[Optional[Path], typer.Option(help="The file to write, .svg, .png or .pdf (default: plot.svg in the one run's or bench's directory).")] = None,
-              label: Annotated[Optional[list[str]], typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
+              out: Annotated[Path | None, typer.Option(help="The file to write, .svg, .png or .pdf (default: plot.svg in the one run's or bench's directory).")] = None,
+              label: Annotated[list[str] | None, typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
     """Runs' accuracy and img/s over time, or benches' img/s, E(N) and time to accuracy against N, on one figure."""
     console.print(f"plot: {plots.draw(runs_dir, ids, out, label)}", markup=False, highlight=False, soft_wrap=True)
 
@@ -456,7 +456,7 @@ def data_list(data_dir: DataDirOpt = None) -> None:
 
 @data_app.command("verify")
 def data_verify(
-    dataset: Annotated[Optional[str], typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
+    dataset: Annotated[str | None, typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Check the files a run would use against their sha256."""
@@ -474,14 +474,14 @@ def data_import(files: Annotated[list[Path], typer.Argument(help="Dataset files,
 @data_app.command("fetch")
 def data_fetch(
     dataset: Annotated[str, typer.Argument(help="mnist or fashion-mnist.")],
-    mirror: Annotated[Optional[str], typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
+    mirror: Annotated[str | None, typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
 ) -> None:
     """Download a dataset into the user cache (needs a network; runs never download)."""
     console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
 
 
 ImageArchArg = Annotated[str, typer.Option("--arch", help="arm64 (Raspberry Pi 4), amd64 (x86_64 CPU) or cuda (NVIDIA GPU).")]
-CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
 
 
 @images_app.command("base")
@@ -498,12 +498,12 @@ def images_base(
 @images_app.command("build")
 def images_build(
     arch: ImageArchArg,
-    base_image: Annotated[Optional[str], typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
-    apt_mirror: Annotated[Optional[str], typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
-    apt_proxy: Annotated[Optional[str], typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
-    arch_flags: Annotated[Optional[str], typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
-    tag: Annotated[Optional[str], typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
-    requirements: Annotated[Optional[Path], typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
+    base_image: Annotated[str | None, typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
+    apt_mirror: Annotated[str | None, typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
+    apt_proxy: Annotated[str | None, typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
+    arch_flags: Annotated[str | None, typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
+    tag: Annotated[str | None, typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
+    requirements: Annotated[Path | None, typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
     cache_dir: CacheOpt = None,
 ) -> None:
     """Build an image offline from a wheelhouse; fails unless Horovod in it has TensorFlow and MPI."""

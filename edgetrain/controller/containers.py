@@ -270,7 +270,7 @@ class Containers:
         )
         host_keys = self._each(lambda h: self.nodes.check(
             h, ["docker", "exec", self.name, "sh", "-c", script, "sh", self.login[h.name]], "installing the run's ssh key"))
-        known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
+        known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys, strict=True))
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),
             "/root/.ssh/known_hosts": (known.encode(), 0o644),

@@ -306,7 +306,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one libc call (prctl), loaded before the fork
     launch.runtime.attach(proc)
     watched = monitor.Monitor(launch, on_event, on_output)
     observers = monitor.Observers.start(launch, proc)

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Union
+from typing import IO
 
 from edgetrain.controller import allocation, containers, inventory, runtimes, scheduler
 from edgetrain.shared import progress
@@ -65,7 +65,7 @@ class Back:
     host: inventory.Host
 
 
-Event = Union[Output, RankEvent, StreamEnded, Looked, Back]
+Event = Output | RankEvent | StreamEnded | Looked | Back
 
 
 class Reader(threading.Thread):

@@ -179,7 +179,7 @@ class Nodes:
             # A command that reads nothing gets no terminal: ssh would set it non-blocking, and a
             # killed ssh leaves it so, breaking every later program that reads it (ansible-inventory).
             return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=text, timeout=timeout,
-                                  **({} if input is not None else {"stdin": subprocess.DEVNULL}))
+                                  **({} if input is not None else {"stdin": subprocess.DEVNULL}), check=False)
         except subprocess.TimeoutExpired:
             raise EdgetrainError(f"{host.name} did not answer within {timeout:.0f} s: {shlex.join(command)}",
                                  "check that the node is up and reachable") from None
@@ -191,7 +191,7 @@ class Nodes:
             return True
         argv = [*ssh_command(host, "-o", "ControlPath=none", connect_timeout=seconds), "true"]
         try:
-            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2).returncode == 0
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2, check=False).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 
@@ -261,7 +261,7 @@ class Nodes:
     def close(self) -> None:
         for host in self._used.values():
             subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir}/%C", "-O", "exit")],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
         self._used.clear()
         shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -305,7 +305,7 @@ class DockerRuntime(Runtime):
             lines = requirements.read(program.requirements)
             with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
                 lacking = list(pool.map(lambda h: requirements.missing_in_image(nodes, h, images.image_for(h), lines), plan.hosts))
-            for h, missing in zip(plan.hosts, lacking):
+            for h, missing in zip(plan.hosts, lacking, strict=True):
                 if missing:
                     raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
                                          f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))

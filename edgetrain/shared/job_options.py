@@ -224,7 +224,7 @@ def with_job_options(command: str, parse_extra: Callable[[list[str]], dict]):
         added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.typer_annotation(command))
                  for o in OPTIONS]
         extra = inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            Optional[list[str]], typer.Option("--option", "-o", metavar="NAME=VALUE", help=EXTRA_HELP)])
+            list[str] | None, typer.Option("--option", "-o", metavar="NAME=VALUE", help=EXTRA_HELP)])
 
         @functools.wraps(func)
         def wrapper(**kwargs):

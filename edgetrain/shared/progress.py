@@ -142,7 +142,7 @@ class ConsoleProgress:
         self.epochs = 0
         self.shown_epoch = 0
 
-    def __enter__(self) -> "ConsoleProgress":
+    def __enter__(self) -> ConsoleProgress:
         self.bar.__enter__()
         return self
 

@@ -179,7 +179,7 @@ class Run:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file} is a link, not edgetrain's lock",
-                                     f"remove it (edgetrain makes it anew), then try again") from None
+                                     "remove it (edgetrain makes it anew), then try again") from None
             raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 # Of objects and lists within each other: edgetrain's own files nest 4 deep, a script's metrics 1.
 MAX_DEPTH = 32
@@ -60,7 +60,7 @@ class Maybe:
     schema: Schema
 
 
-Schema = Union[tuple, Obj, ListOf, MapOf, Matches, Maybe]
+Schema = tuple | Obj | ListOf | MapOf | Matches | Maybe
 
 SHA256 = Matches(re.compile(r"[0-9a-f]{64}"), "a sha256 (64 lowercase hex characters)")
 

@@ -5,6 +5,7 @@ holds."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import io
 import os
@@ -46,7 +47,7 @@ def _local_image(tag: str, for_hosts: Iterable[Host]) -> tuple[str, str]:
 def layers_held(layers: list[str], on_node: list[list[str]]) -> int:
     """How many of an image's layers (base first) a node holds: the longest prefix it shares with an
     image there. A layer is the whole chain below it, so a diff ID found elsewhere is not the same layer."""
-    return max((len(os.path.commonprefix([layers, other])) for other in on_node), default=0)
+    return max((len(os.path.commonprefix([layers, other])) for other in on_node), default=0)  # noqa: RUF071 - of lists, item by item
 
 
 class _Chunks(io.RawIOBase):
@@ -79,13 +80,13 @@ def copy_without(saved: IO[bytes], out: IO[bytes], held: set[str]) -> int:
     written = 0
     with tarfile.open(fileobj=saved, mode="r|") as src, tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
         for member in src:
-            if not member.isfile():
+            data = src.extractfile(member) if member.isfile() else None
+            if data is None:
                 dst.addfile(member)
                 continue
-            data = src.extractfile(member)
             with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
                 digest = hashlib.sha256()
-                for block in iter(lambda: data.read(1 << 20), b""):
+                for block in iter(functools.partial(data.read, 1 << 20), b""):
                     digest.update(block)
                     spool.write(block)
                 if f"sha256:{digest.hexdigest()}" in held:

@@ -30,10 +30,10 @@ def prebuilt_horovod(cache_dir: Path, tgt: Target) -> Path:
 
 def git_revision() -> str:
     root = project_root()
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False)
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
