@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import platformdirs
@@ -293,11 +294,11 @@ def fetch(dataset: str, mirror: str | None = None, dest_root: Path | None = None
 
 @dataclass
 class Split:
-    x: np.ndarray  # float32, (n, 28, 28, 1), values in [0, 1]
-    y: np.ndarray  # int64, (n,)
+    x: np.ndarray[Any, Any]  # float32, (n, 28, 28, 1), values in [0, 1]
+    y: np.ndarray[Any, Any]  # int64, (n,)
 
 
-def _read_idx(path: Path) -> np.ndarray:
+def _read_idx(path: Path) -> np.ndarray[Any, Any]:
     with gzip.open(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0:2] != b"\0\0" or data[2] != 0x08:
@@ -307,7 +308,7 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def _images(raw: np.ndarray) -> np.ndarray:
+def _images(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     x = raw.reshape(-1, 28, 28, 1)
     return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
 

@@ -7,6 +7,7 @@ must repeat (``recorded``). A user script takes its own options after ``--``.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import inspect
 import typing
@@ -76,13 +77,12 @@ class JobOption:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
-    def typer_annotation(self, command: str):
+    def typer_annotation(self, command: str) -> Any:
         import typer
 
         kind = self.type if self.default is not None else self.type | None
         decls = (self.flag,) if self.type is bool else ()
-        parsing = {"parser": self.parser} if self.parser is not None else {}
-        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help), **parsing)]
+        return Annotated[kind, typer.Option(*decls, metavar=self.metavar, help=self.help_in.get(command, self.help), parser=self.parser)]
 
 
 def _doc(help: str, check: Check | None = None, *, metavar: str | None = None, recorded: str = Recorded.NEVER,
@@ -194,7 +194,7 @@ def argv(values: dict[str, Any]) -> list[str]:
     return out
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The same options on ``edgetrain.rank.training``'s argparse parser, with the same defaults."""
     for o in OPTIONS:
         if o.type is bool:
@@ -203,7 +203,7 @@ def add_arguments(parser) -> None:
             parser.add_argument(o.flag, type=o.type, default=o.default)
 
 
-def recorded(values: dict[str, Any], job_options: dict) -> dict:
+def recorded(values: dict[str, Any], job_options: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records of a run's options (and so what a resume must repeat)."""
     found = {o.name: values[o.name] for o in OPTIONS if o.recorded == Recorded.ALWAYS}
     found.update(job_options)
@@ -217,7 +217,7 @@ def recorded(values: dict[str, Any], job_options: dict) -> dict:
 RENAMED = {"backward_passes_per_step": "sync_every"}
 
 
-def saved(recorded_options: dict) -> dict:
+def saved(recorded_options: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's recorded options under today's names; one that held examples out before
     --holdout-split existed held out split 0."""
     found = {RENAMED.get(k, k): v for k, v in recorded_options.items()}
@@ -226,12 +226,12 @@ def saved(recorded_options: dict) -> dict:
     return found
 
 
-def with_job_options(command: str, parse_extra: Callable[[list[str]], dict]):
+def with_job_options(command: str, parse_extra: Callable[[list[str]], dict[str, Any]]) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A typer command gets every job option and ``-o NAME=VALUE``, and receives them as one
     ``JobOptions`` in its ``options`` parameter."""
     import typer
 
-    def decorate(func):
+    def decorate(func: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(func, eval_str=True)
         own = [p for p in signature.parameters.values() if p.name != "options"]
         added = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.typer_annotation(command))
@@ -240,13 +240,14 @@ def with_job_options(command: str, parse_extra: Callable[[list[str]], dict]):
             list[str] | None, typer.Option("--option", "-o", metavar="NAME=VALUE", help=EXTRA_HELP)])
 
         @functools.wraps(func)
-        def wrapper(**kwargs):
+        def wrapper(**kwargs: Any) -> None:
             values = {o.name: kwargs.pop(o.name) for o in OPTIONS}
             extra = parse_extra(kwargs.pop("option") or [])
-            return func(**kwargs, options=JobOptions(**values, extra=extra))
+            func(**kwargs, options=JobOptions(**values, extra=extra))
 
         params = [*own, *added, extra]
-        wrapper.__signature__ = signature.replace(parameters=params)
+        # What typer reads (inspect.signature); typeshed declares no __signature__ on a function.
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
 
