@@ -194,7 +194,8 @@ class _Clock:
     def __init__(self, now: Callable[[], float]) -> None:
         self.now = now
         self.before = 0.0  # training in the epochs before this one
-        self.start, self.evals, self.frozen = now(), 0.0, None
+        self.start, self.evals = now(), 0.0
+        self.frozen: float | None = None  # the epoch's training, once its validation began
 
     def epoch_begins(self) -> None:
         self.start, self.evals, self.frozen = self.now(), 0.0, None

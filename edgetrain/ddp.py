@@ -35,7 +35,9 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -160,7 +162,7 @@ class Progress:
         if self.global_batch and self.done and seconds > 0:
             record["images_per_sec"] = self.done * self.global_batch / seconds
         record.update(elapsed=now - self.started, ranks=self.size)
-        lines = [record]
+        lines: list[dict[str, Any]] = [record]
         if "val_accuracy" in record:
             lines.append({"kind": "eval", "epoch": record["epoch"], "step": self.done, "seconds": now - self.started,
                           "train_seconds": self.trained, "images": self.images or None, "val_accuracy": record["val_accuracy"],
@@ -226,11 +228,11 @@ class SyncEvery:
             self.anchor = [p.detach().clone() for p in self.params]
 
     @staticmethod
-    def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in tensors])
 
     @staticmethod
-    def _unflat(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
+    def _unflat(flat: torch.Tensor, into: Sequence[torch.Tensor]) -> None:
         at = 0
         for t in into:
             t.copy_(flat[at:at + t.numel()].view_as(t))
@@ -266,11 +268,11 @@ class SyncEvery:
         if self.setting.sync_mode is SyncMode.WEIGHTS:
             self._average()
             return
-        with_grad = [p for p in self.params if p.grad is not None]
-        if self.size > 1 and with_grad:
-            flat = self._flat([p.grad for p in with_grad])
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.size > 1 and grads:
+            flat = self._flat(grads)
             dist.all_reduce(flat)
-            self._unflat(flat / self.size, [p.grad for p in with_grad])
+            self._unflat(flat / self.size, grads)
         self._update(self.pending)
         self.pending, self.syncs = 0, self.syncs + 1
 

@@ -109,7 +109,7 @@ def start(root: Path | None = None, *, enter: Sequence[str] = (), cgroup: CpuGro
     # By default its containers (image builds among them) go in a group of its own below the one
     # the tests run in: they share its CPU (lab/capped.py), and the group goes with the engine
     # (dockerd leaves its default /docker behind).
-    group = CpuGroup.mine(root.name) if own_cgroup else cgroup
+    group = cgroup if cgroup is not None else CpuGroup.mine(root.name)
     cmd = [
         *enter, "dockerd",
         "--data-root", str(root / DATA),

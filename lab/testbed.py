@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -383,7 +384,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             r = self.ssh(n, "hostname", check=False, timeout=10)
             if r.returncode == 0:
                 return
-            if time.monotonic() > deadline or not _alive(n.sshd_pid):
+            if time.monotonic() > deadline or not n.sshd_pid or not _alive(n.sshd_pid):
                 log = Path(n.dir, "node.log").read_text(errors="replace")
                 raise RuntimeError(f"sshd on {n.name} ({n.address}) did not come up: {r.stderr.strip()}\n{log}")
             time.sleep(0.2)
@@ -621,7 +622,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
     def status(self) -> dict:
         s = self.state
-        out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
+        out: dict[str, Any] = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
                "emulation": s.emulation, "in_use_by": s.owner_pid if s.in_use else None, "nodes": []}
         for n in s.nodes:
             out["nodes"].append({

@@ -341,7 +341,7 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
         return
     table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
     table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
-    problems = []
+    problems: list[str] = []
     for s in summaries:
         problems += s.problems
         table.add_row(shown(s.id), shown(s.job), s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",

@@ -161,7 +161,7 @@ def head_sources(head: Host, listen: str | None) -> list[str]:
     found = {a for a in (listen, _ip(head.address)) if a}
     if not found:
         try:
-            found = {info[4][0] for info in socket.getaddrinfo(head.address, None, socket.AF_INET)}
+            found = {str(info[4][0]) for info in socket.getaddrinfo(head.address, None, socket.AF_INET)}
         except (OSError, UnicodeError):
             raise EdgetrainError(f"cannot resolve {head.address}, the address of {head.name}, to an IPv4 address",
                                  f"set edgetrain_iface of {head.name}, or its ansible_host to its IPv4 address") from None

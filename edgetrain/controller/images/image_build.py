@@ -114,5 +114,7 @@ def build(
             buildargs={name: value for name, value in args.items() if value}, network_mode="host", log=log, output=output,
         )
     seconds = time.monotonic() - start
-    size = inspect_image(tag)["Size"]
-    return BuildResult(tag, image_id, int(size), seconds, base_image)
+    built = inspect_image(tag)
+    if built is None:
+        raise EdgetrainError(f"{tag} was built, yet this machine's Docker engine has no such image", "build it again")
+    return BuildResult(tag, image_id, int(built["Size"]), seconds, base_image)
