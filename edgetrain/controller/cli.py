@@ -10,9 +10,10 @@ import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
@@ -68,11 +69,31 @@ def _warn(problem: str) -> None:
     err_console.print(shown(f"edgetrain: warning: {problem}"), highlight=False, soft_wrap=True)
 
 
+GIVEN = "edgetrain.given"  # the command's own arguments, as typed (its context's meta)
+
+
+class _Launching(TyperCommand):
+    """run, submit and bench. A closed terminal, a `kill` or a Slurm cancel ends them as Ctrl-C
+    does: containers on other machines would outlive us. And each keeps its arguments as typed,
+    which `submit` hands to the `edgetrain run` of its batch job."""
+
+    # ctx: typer's click Context, whose class typer does not name publicly.
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[GIVEN] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        return super().invoke(ctx)
+
+
 def _launch_command(submitting: bool):
     """`run`, or with ``submitting`` `submit`: one set of arguments, resolved and checked alike."""
 
     @with_job_options("run", programs.parse_options)
     def command(
+        ctx: typer.Context,
         target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
         script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
         np: Annotated[int, typer.Option("--np", help="Number of ranks.")] = 1,
@@ -107,27 +128,23 @@ def _launch_command(submitting: bool):
                                  restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say,
                                  run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
         if submitting:
-            _submit(config)
+            _submit(config, ctx.meta[GIVEN])
             return
-        # A closed terminal, a `kill` or a Slurm cancel must clean up like Ctrl-C: containers on other machines would outlive us.
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _interrupt)
         _report(*supervisor.supervise(config, _attempt, lambda said: err_console.print(shown(said), highlight=False, soft_wrap=True)))
 
     return command
 
 
 LAUNCH_SETTINGS = {"help_option_names": ["-h", "--help"]}
-run = app.command("run", context_settings=LAUNCH_SETTINGS, help="Train with --np ranks: your script (arguments after --) or a built-in job. "
+run = app.command("run", cls=_Launching, context_settings=LAUNCH_SETTINGS, help="Train with --np ranks: your script (arguments after --) or a built-in job. "
                   "Progress on the console, the rest in runs/<id>/.")(_launch_command(submitting=False))
-submit = app.command("submit", context_settings=LAUNCH_SETTINGS, help="Queue a run through Slurm (the arguments of run): prints its run id "
+submit = app.command("submit", cls=_Launching, context_settings=LAUNCH_SETTINGS, help="Queue a run through Slurm (the arguments of run): prints its run id "
                      "and job id; the job runs `edgetrain run` on whole nodes the scheduler gives it.")(_launch_command(submitting=True))
 
 
-def _submit(config: configs.LaunchConfig) -> None:
-    """The run as a Slurm batch job, with its id chosen now so that the queue and the runs directory name it alike."""
+def _submit(config: configs.LaunchConfig, argv: list[str]) -> None:
+    """The run as a Slurm batch job (``argv``: run's arguments), with its id chosen now so that the queue and the runs directory name it alike."""
     run_id = runs.find(config.runs_dir, config.resume).id if config.resume else runs.new_id(config.program.name)
-    argv = sys.argv[sys.argv.index("submit") + 1:]
     job = scheduler.submit(config, inventories.load(config.inventory), run_id, argv)
     console.print(f"run {run_id}: Slurm job {job}", markup=False, highlight=False)
 
@@ -179,7 +196,7 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@app.command(cls=_Launching, context_settings={"help_option_names": ["-h", "--help"]})
 @with_job_options("bench", programs.parse_options)
 def bench(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
@@ -206,8 +223,6 @@ def bench(
                                 log=_say, reference=reference, master_port=master_port,
                                 restarts=configs.RestartPolicy(max_restarts, min_nodes),
                                 sync_candidates=benching.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
     b = benching.Bench(req)
     points = b.run()
     goal = b.target_accuracy
