@@ -66,7 +66,7 @@ class Outcome:
     last_metrics: dict = field(default_factory=dict)
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
-    lost: tuple[inventory.Host, str] | None = None  # a node the watcher saw go (its container, or the way to it), and how
+    lost: monitor.Verdict | None = None  # a node the watcher saw go (its container, or the way to it), and how
     back: inventory.Host | None = None  # a left-out node that answered again: the attempt was ended to take it back (--rejoin)
 
     @property

@@ -290,7 +290,6 @@ class Monitor:
                 "(look at the inventory's edgetrain_mpi_env, and at the output above)")
 
     @property
-    def lost(self) -> tuple[inventory.Host, str] | None:
-        """The node whose loss ended the attempt, and how, if that is what ended it."""
-        verdict = self.verdict
-        return None if verdict is None or verdict.host is None else (verdict.host, verdict.why)
+    def lost(self) -> Verdict | None:
+        """The node whose loss ended the attempt, if that is what ended it."""
+        return self.verdict if self.verdict is not None and self.verdict.host is not None else None
