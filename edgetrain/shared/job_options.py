@@ -1,7 +1,8 @@
-"""The built-in jobs' options, each declared once: name, type, default, help, check, and whether a
-checkpoint records it. Everything else is derived from ``OPTIONS``: the ``run`` and ``bench``
-commands' options (``with_job_options``), ``JobOptions``, the checks, the worker's command line
-for ``edgetrain.rank.training`` (``argv``), its argument parser (``add_arguments``) and what a resume
+"""The built-in jobs' options, each declared once, as a field of the frozen ``JobOptions``: name,
+type and default, and in the field's metadata its help, check, and whether a checkpoint records it.
+``OPTIONS`` lists them (``JobOption``), and everything else is derived from it: the ``run`` and
+``bench`` commands' options (``with_job_options``), the checks, the worker's command line for
+``edgetrain.rank.training`` (``argv``), its argument parser (``add_arguments``) and what a resume
 must repeat (``recorded``). A user script takes its own options after ``--``.
 """
 
