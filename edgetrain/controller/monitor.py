@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgetrain.controller import blame, inventory, remote
 from edgetrain.controller.observers import Back, Event, Looked, Output, RankEvent, Reader, StreamEnded, Watcher
