@@ -124,7 +124,7 @@ class SyncWeights(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Every rank starts (or resumes) from rank 0's model and outer momentum, its anchor.
         self.hvd.broadcast_variables(self.weights + self.momentum, root_rank=0)
-        for anchor, v in zip(self.anchor, self.weights):
+        for anchor, v in zip(self.anchor, self.weights, strict=True):
             anchor.assign(v)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -153,11 +153,11 @@ class SyncWeights(tf.keras.callbacks.Callback):
         hvd = self.hvd
         averaged = hvd.grouped_allreduce(self.weights, op=hvd.Average, name="edgetrain.sync_weights") if hvd.size() > 1 else self.weights
         if self.sync_setting.plain_average:
-            for v, mean in zip(self.weights, averaged):
+            for v, mean in zip(self.weights, averaged, strict=True):
                 v.assign(mean)
             return
         mu, rate = self.sync_setting.outer_momentum, self.sync_setting.outer_lr
-        for i, (v, mean, anchor) in enumerate(zip(self.weights, averaged, self.anchor)):
+        for i, (v, mean, anchor) in enumerate(zip(self.weights, averaged, self.anchor, strict=True)):
             outer = anchor - mean
             if mu:
                 self.momentum[i].assign(mu * self.momentum[i] + outer)
@@ -212,7 +212,8 @@ class _Clock:
     def __init__(self, now: Callable[[], float]) -> None:
         self.now = now
         self.before = 0.0  # training in the epochs before this one
-        self.start, self.evals, self.frozen = now(), 0.0, None
+        self.start, self.evals = now(), 0.0
+        self.frozen: float | None = None  # the epoch's training, once its validation began
 
     def epoch_begins(self) -> None:
         self.start, self.evals, self.frozen = self.now(), 0.0, None
@@ -436,8 +437,8 @@ class Scorer:
         correct = loss = 0.0
         count = 0
         for x, y in data:
-            c, l, n = self.batch_sums(x, y)
-            correct, loss, count = correct + float(c), loss + float(l), count + int(n)
+            c, lsum, n = self.batch_sums(x, y)
+            correct, loss, count = correct + float(c), loss + float(lsum), count + int(n)
         averages = tf.constant([correct / max(count, 1), loss / max(count, 1)], tf.float64)
         total = count
         hvd = sys.modules.get("horovod.tensorflow")

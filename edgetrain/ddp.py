@@ -45,7 +45,9 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -208,7 +210,7 @@ class Progress:
         if self.global_batch and self.done and seconds > 0:
             record["images_per_sec"] = self.done * self.global_batch / seconds
         record.update(elapsed=now - self.started, ranks=self.size)
-        lines = [record]
+        lines: list[dict[str, Any]] = [record]
         if "val_accuracy" in record:
             lines.append({"kind": "eval", "epoch": record["epoch"], "step": self.done, "seconds": now - self.started,
                           "train_seconds": self.trained, "images": self.images or None, "val_accuracy": record["val_accuracy"],
@@ -274,11 +276,11 @@ class SyncEvery:
             self.anchor = [p.detach().clone() for p in self.params]
 
     @staticmethod
-    def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in tensors])
 
     @staticmethod
-    def _unflat(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
+    def _unflat(flat: torch.Tensor, into: Sequence[torch.Tensor]) -> None:
         at = 0
         for t in into:
             t.copy_(flat[at:at + t.numel()].view_as(t))
@@ -314,11 +316,11 @@ class SyncEvery:
         if self.setting.sync_mode is SyncMode.WEIGHTS:
             self._average()
             return
-        with_grad = [p for p in self.params if p.grad is not None]
-        if self.size > 1 and with_grad:
-            flat = self._flat([p.grad for p in with_grad])
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.size > 1 and grads:
+            flat = self._flat(grads)
             dist.all_reduce(flat)
-            self._unflat(flat / self.size, [p.grad for p in with_grad])
+            self._unflat(flat / self.size, grads)
         self._update(self.pending)
         self.pending, self.syncs = 0, self.syncs + 1
 
@@ -339,11 +341,11 @@ class SyncEvery:
         means = [torch.empty_like(p) for p in self.params]
         self._unflat(flat, means)
         if self.setting.plain_average:
-            for p, mean in zip(self.params, means):
+            for p, mean in zip(self.params, means, strict=True):
                 p.copy_(mean)
         else:
             mu, rate = self.setting.outer_momentum, self.setting.outer_lr
-            for i, (p, mean, anchor) in enumerate(zip(self.params, means, self.anchor)):
+            for i, (p, mean, anchor) in enumerate(zip(self.params, means, self.anchor, strict=True)):
                 outer = anchor - mean  # the outer gradient: the change since the last sync, reversed
                 if mu:
                     self.momentum[i].mul_(mu).add_(outer)
@@ -358,6 +360,7 @@ class SyncEvery:
 
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's outer momentum, and the anchor from the model just restored."""
-        for m, saved in zip(self.momentum, state.get("momentum") or []):
+        # None or empty: a checkpoint of no outer momentum, which leaves this one as it is.
+        for m, saved in zip(self.momentum, state.get("momentum") or self.momentum, strict=True):
             m.copy_(saved)
         self._anchor()

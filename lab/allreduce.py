@@ -28,7 +28,7 @@ def main() -> None:
             comm.Allreduce(send, recv, op=MPI.SUM)
         elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / iters
         if comm.rank == 0:
-            hosts = sorted(set(comm.gather(MPI.Get_processor_name())))
+            hosts = sorted(set(comm.gather(MPI.Get_processor_name()) or ()))  # None on the other ranks
             # With 2 ranks every algorithm moves the whole buffer across the link once each way.
             print(json.dumps({"bytes": size, "seconds": elapsed, "mb_per_s": size / elapsed / 1e6,
                               "iters": iters, "ranks": comm.size, "hosts": hosts}), flush=True)

@@ -56,7 +56,7 @@ class DockerEngine:
         prefix = f"{self.root}/"
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
         for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
-            subprocess.run(["umount", "-l", mount], capture_output=True)
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
         if not self.keep_root:
             # rm, not shutil.rmtree: image layers are hundreds of thousands of files.
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.root)], check=False)
@@ -69,7 +69,7 @@ def reachable(host: str | None = None) -> bool:
     if host:
         env["DOCKER_HOST"] = host
     try:
-        proc = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=env, capture_output=True, timeout=20)
+        proc = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=env, capture_output=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -109,7 +109,7 @@ def start(root: Path | None = None, *, enter: Sequence[str] = (), cgroup: CpuGro
     # By default its containers (image builds among them) go in a group of its own below the one
     # the tests run in: they share its CPU (lab/capped.py), and the group goes with the engine
     # (dockerd leaves its default /docker behind).
-    group = CpuGroup.mine(root.name) if own_cgroup else cgroup
+    group = cgroup if cgroup is not None else CpuGroup.mine(root.name)
     cmd = [
         *enter, "dockerd",
         "--data-root", str(root / DATA),

@@ -14,13 +14,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.python.autograph.impl import api as autograph_api  # noqa: E402 - only to watch it
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.autograph.impl import api as autograph_api
 
-from edgetrain import tracing  # noqa: E402
-from edgetrain.rank.jobs import lenet  # noqa: E402
+from edgetrain import tracing
+from edgetrain.rank.jobs import lenet
 
 converted: collections.Counter = collections.Counter()
 _convert = autograph_api._convert_actual

@@ -29,13 +29,15 @@ from edgetrain.rank import worker
 from edgetrain.controller import program as programs
 from edgetrain.controller.program import JobOptions
 from edgetrain.controller.remote import Nodes
+from edgetrain.controller.strategies import STRATEGIES
+from edgetrain.shared.strategies import DEFAULT
 
 
 def edgetrain_run(inv: Path, job: str, np: int, max_steps: int, runs_dir: Path) -> dict:
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "edgetrain", "run", job, "--np", str(np), "-i", str(inv),
                            "--epochs", "1", "--max-steps", str(max_steps), "--runs-dir", str(runs_dir)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     total = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"edgetrain run --np {np} failed:\n{proc.stderr}")
@@ -53,7 +55,8 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
     plan = placement.plan(loaded, np)
     with Nodes() as nodes:
         reports = preflight.check_nodes(nodes, plan, program.datasets, loaded.source)
-        preflight.require(reports)
+        strategy = STRATEGIES[DEFAULT]  # what the worker below runs
+        preflight.require(reports, strategy.needs, strategy.loads)
         tag = f"bench-{int(time.time())}"
         dirs = {r.host.name: f"{r.runs_dir}/.{tag}" for r in reports}
         running = containers.Containers(nodes, plan, tag, dirs)
@@ -114,7 +117,7 @@ def script_first_step(script: Path, np: int, args: list[str], repeat: int) -> li
 
             bare, _ = _first_keras_step([mpi.mpirun_path(), "-n", str(np), sys.executable, str(copy / script.name), *args],
                                         copy, bare_env)
-            rows.append({"try": i + 1, "np": np, "edgetrain_run_s": round(edge, 1), "bare_mpirun_s": round(bare, 1)})
+            rows.append({"try": i + 1, "np": np, "edgetrain_run_s": round(edge, 1) if edge is not None else None, "bare_mpirun_s": round(bare, 1)})
     return rows
 
 

@@ -53,7 +53,7 @@ def one_slot(inventory: str) -> str:
 
 
 def _edgetrain(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=ROOT, capture_output=True, text=True, timeout=7200)
+    return subprocess.run([sys.executable, "-m", "edgetrain", *args], cwd=ROOT, capture_output=True, text=True, timeout=7200, check=False)
 
 
 def seed(inv: str, n: int, target: float, epochs: int, runs_dir: str) -> dict:
@@ -168,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         for n in map(int, args.nodes.split(",")):
             if args.own:
-                rows = [edgetrain(args.inventory, n, args.target, args.epochs, args.runs_dir, args.extra, args.holdout),
+                rows = (edgetrain(args.inventory, n, args.target, args.epochs, args.runs_dir, args.extra, args.holdout),
                         own(args.inventory, n, args.target, args.epochs, args.runs_dir, args.holdout),
-                        own_rate(args.seed_inventory, n, args.runs_dir, args.holdout) if args.seed_inventory else None]
+                        own_rate(args.seed_inventory, n, args.runs_dir, args.holdout) if args.seed_inventory else None)
                 for row in filter(None, rows):
                     print(json.dumps(row), flush=True)
                 print(json.dumps({"split": split(*rows)}), flush=True)

@@ -66,10 +66,12 @@ class Measure(tf.keras.callbacks.Callback):
     """img/s of each epoch's training steps (validation and judging excluded), and the seconds of
     training since the first step."""
 
-    def __init__(self, steps: int, batch: int = BATCH, stop_at: float | None = None, judge: "Judge | None" = None):
+    def __init__(self, steps: int, batch: int = BATCH, stop_at: float | None = None, judge: Judge | None = None):
         super().__init__()
         self.steps, self.batch, self.stop_at, self.judge = steps, batch, stop_at, judge
-        self.first = self.epoch_start = self.train_end = None
+        self.first: float | None = None
+        self.epoch_start = 0.0
+        self.train_end: float | None = None
         self.off = self.epoch_off = 0.0  # seconds spent judging, in all and in this epoch
         self.done = 0  # this rank's steps so far
 
@@ -91,7 +93,8 @@ class Measure(tf.keras.callbacks.Callback):
         self.train_end = time.monotonic()
 
     def seconds(self) -> float:
-        return time.monotonic() - self.first - self.off
+        now = time.monotonic()
+        return now - (self.first if self.first is not None else now) - self.off
 
     def images_per_sec(self) -> float:
         end = self.train_end or time.monotonic()
@@ -99,6 +102,7 @@ class Measure(tf.keras.callbacks.Callback):
 
     def _judge(self, epoch_end: bool) -> float:
         start, seconds = time.monotonic(), self.seconds()
+        assert self.judge is not None  # called only where one judges
         accuracy = self.judge.accuracy(self.model)
         if hvd.rank() == 0:
             print(json.dumps({"event": "judged", "images": self.done * self.batch * hvd.size(), "epoch_end": epoch_end,

@@ -42,7 +42,7 @@ def _die_with_parent() -> None:
 def start(group: CpuGroup, python: str = sys.executable) -> subprocess.Popen:
     """A stand-in in ``group``, moved in before it loads anything, so all of its work is charged there."""
     proc = subprocess.Popen([python, str(SEED), "--stand-in"], cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one libc call (prctl), loaded before the fork
     try:
         group.move(proc.pid)
     except OSError:

@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -367,12 +368,12 @@ if [ -d /etc/docker ]; then mount --bind {d}/etc-docker /etc/docker; fi
 hostname {FACTORY_HOSTNAME}
 exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 """
-        proc = subprocess.Popen(
-            ["nsenter", f"--net=/var/run/netns/{n.netns}", "unshare", "--mount", "--uts",
-             "--propagation", "private", "sh", "-c", script],
-            stdin=subprocess.DEVNULL, stdout=open(d / "node.log", "ab"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(d / "node.log", "ab") as log:  # the node's copy stays open, ours closes
+            proc = subprocess.Popen(
+                ["nsenter", f"--net=/var/run/netns/{n.netns}", "unshare", "--mount", "--uts",
+                 "--propagation", "private", "sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         n.sshd_pid = proc.pid  # nsenter, unshare and sh all exec: this pid ends up being sshd
         # Before sshd accepts anything, so that every process of the node is charged to it.
         n.cgroup.move(proc.pid)
@@ -383,7 +384,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             r = self.ssh(n, "hostname", check=False, timeout=10)
             if r.returncode == 0:
                 return
-            if time.monotonic() > deadline or not _alive(n.sshd_pid):
+            if time.monotonic() > deadline or not n.sshd_pid or not _alive(n.sshd_pid):
                 log = Path(n.dir, "node.log").read_text(errors="replace")
                 raise RuntimeError(f"sshd on {n.name} ({n.address}) did not come up: {r.stderr.strip()}\n{log}")
             time.sleep(0.2)
@@ -403,12 +404,13 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         # munged refuses a socket directory others can write into or not traverse.
         sock.mkdir(mode=0o755, exist_ok=True)
         shutil.chown(sock, "munge", "munge")
-        log = open(Path(s.slurm_dir) / "daemons.log", "ab")
-        munged = subprocess.Popen(
-            ["setpriv", "--reuid=munge", "--regid=munge", "--init-groups", "munged", "--foreground", f"--socket={sock}/munge.socket",
-             f"--key-file={s.dir}/munge/munge.key", f"--pid-file={sock}/munged.pid", f"--log-file={sock}/munged.log",
-             f"--seed-file={sock}/munged.seed"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log_path = Path(s.slurm_dir) / "daemons.log"
+        with open(log_path, "ab") as log:
+            munged = subprocess.Popen(
+                ["setpriv", "--reuid=munge", "--regid=munge", "--init-groups", "munged", "--foreground", f"--socket={sock}/munge.socket",
+                 f"--key-file={s.dir}/munge/munge.key", f"--pid-file={sock}/munged.pid", f"--log-file={sock}/munged.log",
+                 f"--seed-file={sock}/munged.seed"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         s.munged_pid = munged.pid
         s.save()
         conf = self.state.slurm_env["SLURM_CONF"]
@@ -419,8 +421,9 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             time.sleep(0.1)
         daemons = [(s.head, ["slurmctld", "-D", "-f", conf])] + [(n, ["slurmd", "-D", "-f", conf, "-N", n.name]) for n in s.nodes]
         for n, argv in daemons:
-            proc = subprocess.Popen(["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts", *argv],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(["nsenter", "-t", str(n.sshd_pid), "--net", "--mount", "--uts", *argv],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             n.cgroup.move(proc.pid)  # the jobs slurmd starts are the node's CPU
         while True:
             r = run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False, env={**os.environ, "SLURM_CONF": conf})
@@ -480,10 +483,10 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         if emulation is not None and emulation.neighbours:
             flags.append("--stand-ins")
         if flags:
-            log = open(Path(self.state.dir) / "emulator.log", "ab")
-            proc = subprocess.Popen([sys.executable, "-m", "lab.emulator", *flags, *(n.cgroup.name for n in self.state.nodes)],
-                                    cwd=Path(__file__).resolve().parents[1], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            with open(Path(self.state.dir) / "emulator.log", "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "lab.emulator", *flags, *(n.cgroup.name for n in self.state.nodes)],
+                                        cwd=Path(__file__).resolve().parents[1], stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
             self.state.emulator_pid = proc.pid
         self.state.emulation = asdict(emulation) if emulation else None
         self.state.save()
@@ -524,7 +527,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         ]
 
     def ssh(self, n: Node, command: str, *, check: bool = True, timeout: float | None = 120) -> subprocess.CompletedProcess:
-        r = subprocess.run(self.ssh_argv(n) + [command], text=True, capture_output=True, timeout=timeout)
+        r = subprocess.run([*self.ssh_argv(n), command], text=True, capture_output=True, timeout=timeout, check=False)
         if check and r.returncode != 0:
             raise RuntimeError(f"on {n.name}: {command!r} exited {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         return r
@@ -619,7 +622,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
     def status(self) -> dict:
         s = self.state
-        out = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
+        out: dict[str, Any] = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
                "emulation": s.emulation, "in_use_by": s.owner_pid if s.in_use else None, "nodes": []}
         for n in s.nodes:
             out["nodes"].append({

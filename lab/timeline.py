@@ -28,6 +28,7 @@ import re
 import statistics
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 
 def load(path: Path) -> list[dict]:
@@ -46,7 +47,7 @@ def intervals(events: list[dict]) -> dict[int, dict[str, list[tuple[int, int]]]]
     stacks: dict[int, list[tuple[str, int]]] = {}
     for e in events:
         pid = e.get("pid")
-        if pid not in index or e.get("ph") not in ("B", "E"):
+        if pid is None or pid not in index or e.get("ph") not in ("B", "E"):
             continue
         stack = stacks.setdefault(pid, [])
         if e["ph"] == "B":
@@ -78,7 +79,7 @@ def analyse(events: list[dict], big: int, last: int, skip: int) -> dict:
         })
     if not rows:
         raise SystemExit(f"only {steps} steps in the timeline: nothing left after skipping {skip}")
-    out = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]}
+    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]}
     out["step_ms_mean"] = round(statistics.mean(r["step_ms"] for r in rows), 1)
     out["big_negotiation_ms"] = round(statistics.median(negotiate), 1)
     out["step_ms_bins"] = dict(sorted(Counter(round(r["step_ms"], -1) for r in rows).items()))

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {names[py]: statistics.median(r) for py, r in rows.items()}
     first = args.python[0]
     print(json.dumps({"median_img_s": medians,
-                      "ratios_per_pair": {names[py]: [round(a / b, 3) for a, b in zip(rows[py], rows[first])] for py in args.python[1:]}}))
+                      "ratios_per_pair": {names[py]: [round(a / b, 3) for a, b in zip(rows[py], rows[first], strict=True)] for py in args.python[1:]}}))
     return 0
 
 

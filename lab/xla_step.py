@@ -17,10 +17,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from edgetrain.shared.jobs import get as get_job  # noqa: E402
+from edgetrain.shared.jobs import get as get_job
 
 
 def compiled_step(job, options: dict, xla: bool):
@@ -37,7 +37,7 @@ def compiled_step(job, options: dict, xla: bool):
     @tf.function
     def step(x, y):
         loss, grads = gradients(x, y)  # where Horovod's allreduce of grads would go
-        opt.apply_gradients(zip(grads, net.trainable_variables))
+        opt.apply_gradients(zip(grads, net.trainable_variables, strict=True))
         return loss
 
     return step

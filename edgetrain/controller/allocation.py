@@ -66,7 +66,7 @@ def _split_top(text: str) -> list[str]:
             start = i + 1
     if depth:
         raise ValueError(f"unbalanced '[' in {text!r}")
-    return parts + [text[start:]]
+    return [*parts, text[start:]]
 
 
 def _bracket(name: str) -> tuple[str, list[tuple[int, int, int]], str] | None:
@@ -117,7 +117,7 @@ def parse_hostlist(text: str) -> list[str]:
 
 def parse_tasks(text: str) -> list[int]:
     """SLURM_TASKS_PER_NODE (``2(x3),1``) as one count per node."""
-    counts = []
+    counts: list[int] = []
     for part in text.strip().split(","):
         m = _TASKS.fullmatch(part)
         if not m:
@@ -134,7 +134,7 @@ def hostnames(nodelist: str) -> list[str]:
     _parts(nodelist)  # its size, before Slurm's expansion fills memory with it
     scontrol = shutil.which("scontrol")
     if scontrol and scheduler.configured():
-        r = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=False)
         if r.returncode == 0 and r.stdout.split():
             return r.stdout.split()
     return parse_hostlist(nodelist)
@@ -159,7 +159,7 @@ def current(environ: Mapping[str, str] = os.environ) -> Allocation | None:
     ntasks = environ.get(NTASKS)
     if ntasks is not None and not (re.fullmatch("[0-9]{1,9}", ntasks) and 1 <= int(ntasks) <= sum(tasks)):
         raise EdgetrainError(f"Slurm job {job}: {NTASKS}={ntasks[:20]!r} is not a number of tasks from 1 to the {sum(tasks)} its nodes hold")
-    return Allocation(job, tuple(zip(nodes, tasks)), int(ntasks) if ntasks is not None else None)
+    return Allocation(job, tuple(zip(nodes, tasks, strict=True)), int(ntasks) if ntasks is not None else None)
 
 
 def within(inventory: Inventory, allocation: Allocation | None) -> Inventory:

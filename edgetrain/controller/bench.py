@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from edgetrain.controller import config as configs
 from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
@@ -139,7 +140,7 @@ class Trial:
     lost: dict[str, str] = field(default_factory=dict)
     sync_every: int = 1  # how often its ranks talked, and what they sent
     sync_mode: str = SyncMode.GRADS.value
-    options: dict = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
+    options: dict[str, Any] = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class SyncCandidate:
 
     @property
     def sync(self) -> Sync:
-        return Sync(self.sync_every, self.sync_mode)
+        return Sync(self.sync_every, SyncMode(self.sync_mode))
 
 
 def choose(measured: list[SyncCandidate]) -> tuple[SyncCandidate, str] | None:
@@ -214,7 +215,7 @@ def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count
     return found
 
 
-def model_of(program: Program):
+def model_of(program: Program) -> Any:
     """A built-in job's Keras model, as its options build it (None for a script)."""
     if program.job is None:
         return None
@@ -222,7 +223,7 @@ def model_of(program: Program):
     return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
 
 
-def gradient_bytes(model) -> int:
+def gradient_bytes(model: Any) -> int:
     """A model's gradient: 4 bytes per trainable parameter."""
     return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
 
@@ -284,7 +285,7 @@ def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | Non
     return None, None
 
 
-def _steady_evaluations(run: runs.Run, *needs: str) -> list[dict]:
+def _steady_evaluations(run: runs.Run, *needs: str) -> list[dict[str, Any]]:
     """The run's evaluations that count training images and hold ``needs``, in the attempt that
     started it (a resume restarts the clocks)."""
     return [e for e in run.evaluations() if e.get("images") and all(e.get(k) is not None for k in needs)
@@ -304,7 +305,7 @@ def steady_rate(run: runs.Run) -> float | None:
         else:
             seconds = last["seconds"] - first["seconds"] - sum(e["eval_seconds"] for e in evals[1:])
         if seconds > 0 and last["images"] > first["images"]:
-            return (last["images"] - first["images"]) / seconds
+            return float((last["images"] - first["images"]) / seconds)
     epochs = [m for m in run.metrics() if m.get("images_per_sec")]
     return epochs[-1]["images_per_sec"] if epochs else None
 
@@ -330,7 +331,7 @@ def busy_cores_of(run: runs.Run) -> float | None:
     if not evals or not evals[-1]["train_seconds"]:
         return None
     last = evals[-1]
-    return last["train_cpu_seconds"] / last["train_seconds"] / last.get("ranks", 1)
+    return float(last["train_cpu_seconds"] / last["train_seconds"] / last.get("ranks", 1))
 
 
 class Bench:
@@ -364,7 +365,7 @@ class Bench:
         if req.sync_candidates and job is None:
             raise UsageError("--sync-candidates is for the built-in jobs: a script talks as it is written",
                              "bench the script with its own setting, e.g. -- --sync-every 4")
-        if any(k < 1 for k in req.sync_candidates or ()):
+        if req.sync_candidates and min(req.sync_candidates) < 1:
             raise UsageError(f"--sync-candidates {min(req.sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
         model = model_of(self.program)
         if model is None and not req.gradient_bytes:
@@ -383,22 +384,22 @@ class Bench:
         self.predicted: dict[int, Prediction] = {}
         self.sync_predicted: dict[int, list[SyncCandidate]] = {}  # (s), by N
         self.candidates: list[SyncCandidate] = []  # (s), at every N: predicted, and measured where tried
-        self.choice: dict | None = None
+        self.choice: dict[str, Any] | None = None
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
     # -- one launch ---------------------------------------------------------------------------
-    def _launch(self, program: Program, n: int, what: str, on: str | None = None) -> tuple[runs.Run, launch.Outcome, list[dict], dict[str, str]]:
+    def _launch(self, program: Program, n: int, what: str, on: str | None = None) -> tuple[runs.Run, launch.Outcome, list[dict[str, Any]], dict[str, str]]:
         """One run on the first ``n`` hosts left, or on host ``on`` alone, under the supervisor (a
         lost node restarts a training run as it would `edgetrain run`'s): the run, how it ended,
         its events, and the nodes its restarts left out."""
-        seen: list[dict] = []
+        seen: list[dict[str, Any]] = []
         others = {h.name: f"bench: a one-node run on {on}" for h in self.hosts if on is not None and h.name != on}
         restarts = self.config.restarts if program.keeps_checkpoints else configs.RestartPolicy()
         config = replace(self.config, program=program, np=n, restarts=restarts, command=(*self.config.command, f"# {what}"))
         configs.check(config)
 
-        def on_event(e: dict) -> None:
+        def on_event(e: dict[str, Any]) -> None:
             seen.append(e)
             if e["event"] == "epoch":
                 acc = f", val_accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
@@ -455,8 +456,8 @@ class Bench:
         return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
-    def _seed(self, attempt: int) -> int | None:
-        return self.req.options.seed + attempt - 1 if self.program.job is not None else None
+    def _seed(self, attempt: int) -> int:
+        return self.req.options.seed + attempt - 1
 
     def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None) -> Trial:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
@@ -478,8 +479,8 @@ class Bench:
         launched = attempts[-1].first_step_s if attempts else None
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
                      launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
-                     self._seed(attempt), lost, *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)),
-                     program.trained_with)
+                     self._seed(attempt) if self.program.job is not None else None, lost,
+                     *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)), program.trained_with)
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
@@ -491,7 +492,7 @@ class Bench:
         def one(host: str) -> None:
             try:
                 done[host] = self.train(1, attempt, on=host, beside=n - 1)
-            except Exception as exc:  # raised in the bench's thread below
+            except Exception as exc:  # noqa: BLE001 - raised in the bench's thread below
                 done[host] = exc
 
         threads = [threading.Thread(target=one, args=(h,), name=f"bench-{h}", daemon=True) for h in hosts]
@@ -499,10 +500,13 @@ class Bench:
             t.start()
         for t in threads:
             t.join()
-        for got in done.values():
+        trials = []
+        for h in hosts:
+            got = done[h]
             if isinstance(got, Exception):
                 raise got
-        return [done[h] for h in hosts]
+            trials.append(got)
+        return trials
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
@@ -535,7 +539,7 @@ class Bench:
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
-                                    for host, t in zip(self.left, alongside)))
+                                    for host, t in zip(self.left, alongside, strict=True)))
                     self.save()
                 if n > 1 and req.sync_candidates:
                     self.try_syncs(n, attempt)
@@ -679,7 +683,7 @@ class Bench:
                              _median([t.images_per_cpu_second for t in trials]), one))
         return out
 
-    def save(self, points: list[Point] | None = None) -> dict:
+    def save(self, points: list[Point] | None = None) -> dict[str, Any]:
         body = {
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
             "inventory": _where(self.req.inventory),
@@ -700,7 +704,7 @@ class Bench:
         return body
 
 
-def latest(root: Path, program: str, inventory: Path | None, having: str = "points") -> dict | None:
+def latest(root: Path, program: str, inventory: Path | None, having: str = "points") -> dict[str, Any] | None:
     """The newest finished bench of this program on this inventory that holds ``having`` (its
     points, for `edgetrain run`'s advice; its sync_choice, for ``--sync-every auto``); one that is
     damaged is passed over."""
@@ -750,7 +754,7 @@ def _where(inventory: Path | None) -> str | None:
     return str(Path(inventory).resolve()) if inventory else None
 
 
-def advice(body: dict, n_hosts: int) -> str | None:
+def advice(body: dict[str, Any], n_hosts: int) -> str | None:
     """A warning when the bench says ``n_hosts`` nodes train no faster than fewer did (or would)."""
     by_n = {p["nodes"]: p for p in body["points"] if p.get("images_per_sec")}
     if n_hosts not in by_n or 1 not in by_n:

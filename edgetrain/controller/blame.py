@@ -141,7 +141,7 @@ def the_watcher_saw_it(o: Observed) -> Finding | None:
         why = (f"{why}; ranks {', '.join(map(str, o.ended))} ended their script while ranks "
                f"{', '.join(map(str, waiting))} had not - a script must run the same collective steps on every rank")
     ranks = o.plan.ranks_on(host) if host else []
-    if ranks:
+    if host and ranks:
         return Finding(ranks[0], host.name, why, o.tail(ranks[0]))
     return Finding(None, host.name if host else None, why, o.output_tail())
 
@@ -151,7 +151,7 @@ def the_peer_a_rank_lost(o: Observed) -> Finding | None:
     peer could not say so itself."""
     record = o.records[0] if o.records else None
     peer = o.host_of(record.lost_peer) if record is not None and record.lost_peer else None
-    if peer is None:
+    if record is None or peer is None:
         return None
     ranks = o.plan.ranks_on(peer)
     return Finding(ranks[0] if len(ranks) == 1 else None, peer.name,

@@ -10,9 +10,10 @@ import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
@@ -49,11 +50,11 @@ app.add_typer(images_app, name="images")
 console = Console()
 err_console = Console(stderr=True)
 
-InventoryOpt = Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
+InventoryOpt = Annotated[Path | None, typer.Option("--inventory", "-i", help="Ansible inventory (default: inventories/local, this machine).")]
 RunsDirOpt = Annotated[Path, typer.Option("--runs-dir", envvar="EDGETRAIN_RUNS", help="Where run directories live.")]
-GroupOpt = Annotated[Optional[str], typer.Option(help="Device group to use: rpi or gpu.")]
+GroupOpt = Annotated[str | None, typer.Option(help="Device group to use: rpi or gpu.")]
 StrategyOpt = Annotated[str, typer.Option(help="; ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()) + ".")]
-DataDirOpt = Annotated[Optional[Path], typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Look here first for datasets (DIR/<dataset>/...).")]
 TfPortOpt = Annotated[int, typer.Option(help="tf-multiworker, tf-ps: first port of each host's TensorFlow tasks.")]
 MasterPortOpt = Annotated[int, typer.Option(help="torch: MASTER_PORT, the port of rank 0's rendezvous on its host.")]
 MaxRestartsOpt = Annotated[int, typer.Option(help="When a node is lost, leave it out and resume on the nodes left, up to this many times (a rank's own error is never retried).")]
@@ -69,28 +70,48 @@ def _warn(problem: str) -> None:
     err_console.print(shown(f"edgetrain: warning: {problem}"), highlight=False, soft_wrap=True)
 
 
+GIVEN = "edgetrain.given"  # the command's own arguments, as typed (its context's meta)
+
+
+class _Launching(TyperCommand):
+    """run, submit and bench. A closed terminal, a `kill` or a Slurm cancel ends them as Ctrl-C
+    does: containers on other machines would outlive us. And each keeps its arguments as typed,
+    which `submit` hands to the `edgetrain run` of its batch job."""
+
+    # ctx: typer's click Context, whose class typer does not name publicly.
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[GIVEN] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
+        return super().invoke(ctx)
+
+
 def _launch_command(submitting: bool):
     """`run`, or with ``submitting`` `submit`: one set of arguments, resolved and checked alike."""
 
     @with_job_options("run", programs.parse_options)
     def command(
+        ctx: typer.Context,
         target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="Your training script (e.g. ./train.py), or a built-in job: lenet (MNIST), fashion (Fashion-MNIST).")],
-        script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
-        np: Annotated[Optional[int], typer.Option("--np", help="Number of ranks (default 1; inside a Slurm allocation, the tasks it holds).")] = None,
+        script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+        np: Annotated[int | None, typer.Option("--np", help="Number of ranks (default 1; inside a Slurm allocation, the tasks it holds).")] = None,
         inventory: InventoryOpt = None,
         group: GroupOpt = None,
-        runtime: Annotated[Optional[str], typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
+        runtime: Annotated[str | None, typer.Option(help="docker (ranks in the image on each node) or host (default: the inventory's edgetrain_runtime).")] = None,
         strategy: StrategyOpt = DEFAULT,
         tf_port: TfPortOpt = configs.PORT_FLAGS["tf_port"],
-        ps: Annotated[Optional[int], typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
+        ps: Annotated[int | None, typer.Option("--ps", help=f"tf-ps: how many of the --np tasks are parameter servers (default {TfParameterServer.default_ps}); rank 0 is the chief, the rest workers.")] = None,
         master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
-        workdir: Annotated[Optional[Path], typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
+        workdir: Annotated[Path | None, typer.Option(help="Folder shipped to every node as the ranks' working directory (default: the script's folder).")] = None,
         max_workdir_mb: Annotated[float, typer.Option(help="Refuse to ship a working directory larger than this.")] = workdir_mod.DEFAULT_MAX_BYTES / 1024**2,
         max_workdir_files: Annotated[int, typer.Option(help="Refuse to ship a working directory of more files than this.")] = workdir_mod.DEFAULT_MAX_FILES,
         ship_secrets: Annotated[bool, typer.Option("--ship-secrets", help=f"Also ship files named like secrets ({', '.join(workdir_mod.SECRETS)}), left out by default.")] = False,
-        requirements: Annotated[Optional[Path], typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
-        dataset: Annotated[Optional[list[str]], typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
-        resume: Annotated[Optional[str], typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
+        requirements: Annotated[Path | None, typer.Option(help="Extra Python packages your script needs (default: requirements.txt beside it).")] = None,
+        dataset: Annotated[list[str] | None, typer.Option("--dataset", help="A dataset your script needs on every node (mnist, fashion-mnist); repeatable.")] = None,
+        resume: Annotated[str | None, typer.Option(help="Continue this run (from its newest checkpoint).")] = None,
         hang_timeout: Annotated[float, typer.Option(help="Stop the run when a node stays unreachable, or nothing is heard from the ranks, this many seconds.")] = 300.0,
         max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
         min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
@@ -111,20 +132,17 @@ def _launch_command(submitting: bool):
                                  speeds=speeds.from_bench(benching.latest(runs_dir, program.name, inventory), runs_dir) if batch_by is BatchBy.SPEED else None,
                                  run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
         if submitting:
-            _submit(config)
+            _submit(config, ctx.meta[GIVEN])
             return
-        # A closed terminal, a `kill` or a Slurm cancel must clean up like Ctrl-C: containers on other machines would outlive us.
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _interrupt)
         _report(*supervisor.supervise(config, _attempt, lambda said: err_console.print(shown(said), highlight=False, soft_wrap=True)))
 
     return command
 
 
 LAUNCH_SETTINGS = {"help_option_names": ["-h", "--help"]}
-run = app.command("run", context_settings=LAUNCH_SETTINGS, help="Train with --np ranks: your script (arguments after --) or a built-in job. "
+run = app.command("run", cls=_Launching, context_settings=LAUNCH_SETTINGS, help="Train with --np ranks: your script (arguments after --) or a built-in job. "
                   "Progress on the console, the rest in runs/<id>/.")(_launch_command(submitting=False))
-submit = app.command("submit", context_settings=LAUNCH_SETTINGS, help="Queue a run through Slurm (the arguments of run): prints its run id "
+submit = app.command("submit", cls=_Launching, context_settings=LAUNCH_SETTINGS, help="Queue a run through Slurm (the arguments of run): prints its run id "
                      "and job id; the job runs `edgetrain run` on whole nodes the scheduler gives it.")(_launch_command(submitting=True))
 
 
@@ -140,8 +158,8 @@ def _ranks(np: int | None, submitting: bool) -> int:
     return held.tasks
 
 
-def _submit(config: configs.LaunchConfig) -> None:
-    """The run as a Slurm batch job, with its id chosen now so that the queue and the runs directory name it alike."""
+def _submit(config: configs.LaunchConfig, argv: list[str]) -> None:
+    """The run as a Slurm batch job (``argv``: run's arguments), with its id chosen now so that the queue and the runs directory name it alike."""
     if config.resume:
         resumed = runs.find(config.runs_dir, config.resume)
         ran = resumed.record().job  # a run.json that names no job (damaged, or not a run's) is nothing to resume
@@ -151,7 +169,6 @@ def _submit(config: configs.LaunchConfig) -> None:
         run_id = resumed.id
     else:
         run_id = runs.new_id(config.program.name)
-    argv = sys.argv[sys.argv.index("submit") + 1:]
     job = scheduler.submit(config, inventories.load(config.inventory), run_id, argv)
     console.print(f"run {run_id}: Slurm job {job}", markup=False, highlight=False)
 
@@ -163,10 +180,12 @@ def _attempt(started: launch.Launch) -> launch.Outcome:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
     scaled = benching.latest(config.runs_dir, config.program.name, config.inventory)
-    try:
-        advice = benching.advice(scaled, len(started.placement.hosts)) if scaled else None
-    except Exception as exc:  # noqa: BLE001 - advice from anyone's bench.json, after the run has started: never its end
-        advice = f"edgetrain bench's advice left out: {scaled.get('path')} did not read as a bench ({type(exc).__name__}: {exc})"
+    advice = None
+    if scaled:
+        try:
+            advice = benching.advice(scaled, len(started.placement.hosts))
+        except Exception as exc:  # noqa: BLE001 - advice from anyone's bench.json, after the run has started: never its end
+            advice = f"edgetrain bench's advice left out: {scaled.get('path')} did not read as a bench ({type(exc).__name__}: {exc})"
     if advice:
         _warn(advice)
     console.print(f"run {started.run.id}: logs and outputs in {started.run.path}", markup=False)
@@ -206,23 +225,23 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@app.command(cls=_Launching, context_settings={"help_option_names": ["-h", "--help"]})
 @with_job_options("bench", programs.parse_options)
 def bench(
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
-    script_args: Annotated[Optional[list[str]], typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
+    script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
     inventory: InventoryOpt = None,
     group: GroupOpt = None,
-    nodes: Annotated[Optional[str], typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
+    nodes: Annotated[str | None, typer.Option(help="Numbers of nodes to measure, e.g. 1,2,4 or 1-4 (default: 1 to every host).")] = None,
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
-    gradient_mb: Annotated[Optional[float], typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
+    gradient_mb: Annotated[float | None, typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
     reference: Annotated[benching.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = benching.Reference.ALONE,
     master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
     runs_dir: RunsDirOpt = Path("runs"),
-    sync_candidates: Annotated[Optional[str], typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at each N > 1 for each --sync-every K (both modes; given --outer-lr or --outer-momentum, weights only), measure each mode's best right after the N-loop's try there, and record the choice at the largest N for run --sync-every auto, e.g. 1,2,4,8.")] = None,
+    sync_candidates: Annotated[str | None, typer.Option(metavar="K,K,..", help="Jobs: also predict E(N) at each N > 1 for each --sync-every K (both modes; given --outer-lr or --outer-momentum, weights only), measure each mode's best right after the N-loop's try there, and record the choice at the largest N for run --sync-every auto, e.g. 1,2,4,8.")] = None,
     options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
@@ -233,8 +252,6 @@ def bench(
                                 log=_say, reference=reference, master_port=master_port,
                                 restarts=configs.RestartPolicy(max_restarts, min_nodes),
                                 sync_candidates=benching.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
     b = benching.Bench(req)
     points = b.run()
     goal = b.target_accuracy
@@ -260,7 +277,7 @@ def _pct(value: float | None) -> str:
 def collect(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id (or a unique prefix).")],
     dest: Annotated[Path, typer.Option(help="Directory to copy the run into (as DEST/<run-id>/).")],
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="Inventory of a container run (default: the one it ran with).")] = None,
     runs_dir: RunsDirOpt = Path("runs"),
 ) -> None:
     """Copy a run's checkpoints, metrics and logs to DEST (from its rank-0 node for container runs), verifying every checkpoint file."""
@@ -281,8 +298,8 @@ def collect(
 
 @app.command()
 def doctor(
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
-    np: Annotated[Optional[int], typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
+    inventory: Annotated[Path | None, typer.Option("--inventory", "-i", help="Check a cluster's nodes and probe MPI across their containers.")] = None,
+    np: Annotated[int | None, typer.Option("--np", help="Ranks to probe (default: every slot).")] = None,
     group: GroupOpt = None,
     job: Annotated[str, typer.Option(help="Whose dataset to verify on the nodes.")] = "lenet",
     runs_dir: RunsDirOpt = Path("runs"),
@@ -371,7 +388,7 @@ def runs_list(runs_dir: RunsDirOpt = Path("runs"), as_json: JsonOpt = False) -> 
         return
     table = Table("job", "status", "epochs", "val_accuracy", "img/s", "checkpoint", box=None)
     table.columns.insert(0, Column("run", no_wrap=True, min_width=27))
-    problems = []
+    problems: list[str] = []
     for s in summaries:
         problems += s.problems
         table.add_row(shown(s.id), shown(s.job), s.status.value, str(s.epochs), f"{s.val_accuracy:.4f}" if s.val_accuracy is not None else "-",
@@ -471,8 +488,8 @@ def _batches_line(where) -> str:
 @runs_app.command("plot")
 def runs_plot(ids: Annotated[list[str], typer.Argument(metavar="RUN|BENCH", help="Runs, or benches (their directories' names), on one figure.")],
               runs_dir: RunsDirOpt = Path("runs"),
-              out: Annotated[Optional[Path], typer.Option(help="The file to write, .svg, .png or .pdf (default: plot.svg in the one run's or bench's directory).")] = None,
-              label: Annotated[Optional[list[str]], typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
+              out: Annotated[Path | None, typer.Option(help="The file to write, .svg, .png or .pdf (default: plot.svg in the one run's or bench's directory).")] = None,
+              label: Annotated[list[str] | None, typer.Option(help="A legend name per id, in order (e.g. the emulation bracket of each bench).")] = None) -> None:
     """Runs' accuracy and img/s over time, or benches' img/s, E(N) and time to accuracy against N, on one figure."""
     console.print(f"plot: {plots.draw(runs_dir, ids, out, label)}", markup=False, highlight=False, soft_wrap=True)
 
@@ -501,7 +518,7 @@ def data_list(data_dir: DataDirOpt = None) -> None:
 
 @data_app.command("verify")
 def data_verify(
-    dataset: Annotated[Optional[str], typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
+    dataset: Annotated[str | None, typer.Argument(help="mnist or fashion-mnist (default: both).")] = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Check the files a run would use against their sha256."""
@@ -519,14 +536,14 @@ def data_import(files: Annotated[list[Path], typer.Argument(help="Dataset files,
 @data_app.command("fetch")
 def data_fetch(
     dataset: Annotated[str, typer.Argument(help="mnist or fashion-mnist.")],
-    mirror: Annotated[Optional[str], typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
+    mirror: Annotated[str | None, typer.Option(help="Base URL to download from instead of the canonical mirrors.")] = None,
 ) -> None:
     """Download a dataset into the user cache (needs a network; runs never download)."""
     console.print(f"{dataset}: {datasets.fetch(dataset, mirror).describe()}")
 
 
 ImageArchArg = Annotated[str, typer.Option("--arch", help="arm64 (Raspberry Pi 4), amd64 (x86_64 CPU) or cuda (NVIDIA GPU).")]
-CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", envvar="EDGETRAIN_CACHE_DIR", help="Wheelhouse and base root file system cache.")]
 
 
 @images_app.command("base")
@@ -543,12 +560,12 @@ def images_base(
 @images_app.command("build")
 def images_build(
     arch: ImageArchArg,
-    base_image: Annotated[Optional[str], typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
-    apt_mirror: Annotated[Optional[str], typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
-    apt_proxy: Annotated[Optional[str], typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
-    arch_flags: Annotated[Optional[str], typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
-    tag: Annotated[Optional[str], typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
-    requirements: Annotated[Optional[Path], typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
+    base_image: Annotated[str | None, typer.Option(help="BASE_IMAGE (default: the local base from `edgetrain images base`, else the Dockerfile's).")] = None,
+    apt_mirror: Annotated[str | None, typer.Option(help="Distribution mirror apt uses inside the build.")] = None,
+    apt_proxy: Annotated[str | None, typer.Option(help="HTTP proxy apt uses inside the build.")] = None,
+    arch_flags: Annotated[str | None, typer.Option(help="HOROVOD_BUILD_ARCH_FLAGS (default: the architecture's baseline).")] = None,
+    tag: Annotated[str | None, typer.Option(help="Image tag (default edgetrain:<version>-<arch>).")] = None,
+    requirements: Annotated[Path | None, typer.Option(help="Bake these extra Python packages in (wheels downloaded here, installed offline).")] = None,
     cache_dir: CacheOpt = None,
 ) -> None:
     """Build an image offline from a wheelhouse; fails unless Horovod in it has TensorFlow and MPI."""

@@ -12,6 +12,7 @@ missing or damaged one is copied again, and every copy lands under a temporary n
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import shutil
@@ -20,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from edgetrain.shared import checkpoints, runs, untrusted, workdir
 from edgetrain.shared.datasets import sha256_file
@@ -74,9 +76,12 @@ def _refused(exc: OSError) -> str:
     return f"unreadable ({exc.strerror or exc})"
 
 
-def _sha256(f) -> str:
+def _sha256(f: BinaryIO) -> str:
     f.seek(0)
-    return hashlib.file_digest(f, "sha256").hexdigest()
+    h = hashlib.sha256()  # not hashlib.file_digest: Python 3.11's, and edgetrain runs on 3.10
+    for block in iter(functools.partial(f.read, 1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
 
 
 def _copy(root: Path, rel: str, dest: Path, result: Collected, digest: str | None = None, recorded: str = "") -> str | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from edgetrain.controller.program import Program
 from edgetrain.controller import strategies
@@ -81,7 +82,7 @@ class LaunchConfig:
 
 
 def resolve(program: Program, *, strategy: str = DEFAULT, tf_port: int = PORT_FLAGS["tf_port"],
-            master_port: int = PORT_FLAGS["master_port"], restarts: RestartPolicy = RestartPolicy(), **settings) -> LaunchConfig:
+            master_port: int = PORT_FLAGS["master_port"], restarts: RestartPolicy = RestartPolicy(), **settings: Any) -> LaunchConfig:
     """The flags checked and resolved into a LaunchConfig; ``settings`` are its other fields."""
     chosen = strategies.named(strategy)
     ports = {"tf_port": tf_port, "master_port": master_port}

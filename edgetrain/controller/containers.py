@@ -161,7 +161,7 @@ def head_sources(head: Host, listen: str | None) -> list[str]:
     found = {a for a in (listen, _ip(head.address)) if a}
     if not found:
         try:
-            found = {info[4][0] for info in socket.getaddrinfo(head.address, None, socket.AF_INET)}
+            found = {str(info[4][0]) for info in socket.getaddrinfo(head.address, None, socket.AF_INET)}
         except (OSError, UnicodeError):
             raise EdgetrainError(f"cannot resolve {head.address}, the address of {head.name}, to an IPv4 address",
                                  f"set edgetrain_iface of {head.name}, or its ansible_host to its IPv4 address") from None
@@ -270,7 +270,7 @@ class Containers:
         )
         host_keys = self._each(lambda h: self.nodes.check(
             h, ["docker", "exec", self.name, "sh", "-c", script, "sh", self.login[h.name]], "installing the run's ssh key"))
-        known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys))
+        known = "".join(f"[{h.address}]:{SSH_PORT} {' '.join(k.split()[:2])}\n" for h, k in zip(self.plan.hosts, host_keys, strict=True))
         bundle = tar_bytes({
             "/root/.ssh/id_ed25519": (private, 0o600),
             "/root/.ssh/known_hosts": (known.encode(), 0o644),

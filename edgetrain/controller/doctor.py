@@ -38,7 +38,7 @@ def scheduler_checks(inv: Inventory) -> list[Check]:
 
 
 def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def check_mpirun() -> Check:

@@ -169,7 +169,7 @@ def parse_query(text: str, fields: Sequence[str] | None = None) -> list[dict[str
         values = [v.strip() for v in line.split(",")]
         if len(values) != len(fields):
             raise ValueError(f"nvidia-smi csv line has {len(values)} values for {len(fields)} fields: {line!r}")
-        rows.append(dict(zip(fields, values)))
+        rows.append(dict(zip(fields, values, strict=True)))
     return rows
 
 

@@ -107,7 +107,7 @@ def _ansible_inventory_json(path: Path) -> dict:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true", "ANSIBLE_NOCOLOR": "1"},
+        env={**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true", "ANSIBLE_NOCOLOR": "1"}, check=False
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -131,9 +131,9 @@ def _memberships(data: dict) -> dict[str, set[str]]:
     def walk(group: str, parents: tuple[str, ...]) -> None:
         entry = data.get(group, {})
         for h in entry.get("hosts", []):
-            member.setdefault(h, set()).update(parents + (group,))
+            member.setdefault(h, set()).update((*parents, group))
         for child in entry.get("children", []):
-            walk(child, parents + (group,))
+            walk(child, (*parents, group))
 
     walk("all", ())
     return member

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from edgetrain import __version__
 from edgetrain.controller import allocation, blame, inventory, monitor, placement, requirements, runtimes
@@ -63,7 +64,7 @@ class Outcome:
     run: runs.Run
     returncode: int
     state: Status
-    last_metrics: dict = field(default_factory=dict)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
     finding: blame.Finding | None = None  # who a failed run's failure belongs to
     cleanup_errors: list[str] = field(default_factory=list)
     lost: monitor.Verdict | None = None  # a node the watcher saw go (its container, or the way to it), and how
@@ -124,7 +125,7 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     for name in reversed(found):
         manifest = _intact(rt, head, f"{ckpt_dir}/{name}", damaged)
         if manifest is not None:
-            epoch = manifest["epoch"]
+            epoch: int = manifest["epoch"]
             break
     else:
         raise EdgetrainError(f"run {run.id} has no intact checkpoint on {head.name}: {'; '.join(damaged)}",
@@ -150,7 +151,7 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     return epoch
 
 
-def _intact(rt: runtimes.Runtime, head: inventory.Host, where: str, damaged: list[str]) -> dict | None:
+def _intact(rt: runtimes.Runtime, head: inventory.Host, where: str, damaged: list[str]) -> dict[str, Any] | None:
     """A checkpoint's manifest if every file of it is hashed, where it lives, to what the manifest
     says; else None, with why appended to ``damaged``."""
     name = posixpath.basename(where)
@@ -299,7 +300,7 @@ def _die_with_parent() -> None:
     lifetime.end_with_parent(signal.SIGTERM)
 
 
-def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
+def execute(launch: Launch, on_event: Callable[[dict[str, Any]], None], on_output: Callable[[str], None], grace: float = 10.0) -> Outcome:
     """Run mpirun, hand its events and other output to the callbacks, and record the end.
 
     Whatever the end (success, a failed rank or node, a hang, Ctrl-C), the runtime removes what
@@ -309,7 +310,7 @@ def execute(launch: Launch, on_event: Callable[[dict], None], on_output: Callabl
     # Nothing a rank does reads the terminal: a child left holding it (or setting it non-blocking) must not matter.
     proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one libc call (prctl), loaded before the fork
     launch.runtime.attach(proc)
     watched = monitor.Monitor(launch, on_event, on_output)
     observers = monitor.Observers.start(launch, proc)
@@ -345,7 +346,7 @@ def _mark_running(launch: Launch) -> None:
         raise _unrecorded(launch, Outcome(launch.run, 1, Status.FAILED, cleanup_errors=problems), exc) from None
 
 
-def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> None:
+def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen[str], grace: float) -> None:
     rt.interrupt()
     try:  # if the ranks do not end in time, the session goes
         proc.wait(timeout=grace)
@@ -354,7 +355,7 @@ def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen, grace: float) -> No
         proc.wait()
 
 
-def _finish(launch: Launch, proc: subprocess.Popen, observers: monitor.Observers, watched: monitor.Monitor,
+def _finish(launch: Launch, proc: subprocess.Popen[str], observers: monitor.Observers, watched: monitor.Monitor,
             state: Status) -> list[str]:
     """After any end: mpirun gone, the observers stopped, the runtime's cleanup, the end recorded
     and the lock released. Returns the problems the cleanup met."""

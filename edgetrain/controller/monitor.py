@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgetrain.controller import blame, inventory, remote
 from edgetrain.controller.observers import Back, Event, Looked, Output, RankEvent, Reader, StreamEnded, Watcher
@@ -56,7 +56,7 @@ class Observers:
     watcher: Watcher
 
     @classmethod
-    def start(cls, launch: Launch, proc: subprocess.Popen) -> Observers:
+    def start(cls, launch: Launch, proc: subprocess.Popen[str]) -> Observers:
         events: queue.Queue[Event] = queue.Queue()
         assert proc.stdout is not None
         found = cls(events, Reader(proc.stdout, launch.events_token, events.put),
@@ -73,7 +73,7 @@ class Observers:
 
 
 class Monitor:
-    def __init__(self, launch: Launch, on_event: Callable[[dict], None], on_output: Callable[[str], None]) -> None:
+    def __init__(self, launch: Launch, on_event: Callable[[dict[str, Any]], None], on_output: Callable[[str], None]) -> None:
         self.launch, self.on_event, self.on_output = launch, on_event, on_output
         self.watch = Watch.WATCHING
         self.verdict: Verdict | None = None
@@ -84,7 +84,8 @@ class Monitor:
         self.near_misses: dict[str, int] = {}  # per node: its shared connection failed, a new one answered
         # --rejoin: the epoch rank 0 trains (its step events), the first this attempt trained, and
         # the epoch at whose start the left-out nodes were last looked for.
-        self.epoch, self.first_epoch, self.looked_at = 0, None, 0
+        self.epoch, self.looked_at = 0, 0
+        self.first_epoch: int | None = None
         self.looks = 0
         self.look_failures: set[str] = set()
         self.stream_open = True
@@ -92,7 +93,7 @@ class Monitor:
         # (what a failure is judged by: Hydra's words come last), seconds from the launch to the
         # first step, every rank past the final barrier, failures rank 0 reported, ranks whose
         # worker started, and why this machine could not record the run (a full disk).
-        self.last: dict = {}
+        self.last: dict[str, Any] = {}
         self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
         self.first_step: float | None = None
         self.finished = False
@@ -175,7 +176,7 @@ class Monitor:
         self.output.append(event.text)
         self.on_output(event.text)
 
-    def _rank_event(self, event: dict) -> None:
+    def _rank_event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind == "step":
             self._stepped(event["epoch"])
@@ -199,15 +200,15 @@ class Monitor:
         """Once an epoch begins after one this attempt trained (and checkpointed), the left-out
         nodes are looked for (--rejoin): one that answers is taken back at that checkpoint."""
         self.epoch = epoch
-        self.first_epoch = epoch if self.first_epoch is None else self.first_epoch
+        first_epoch = self.first_epoch = epoch if self.first_epoch is None else self.first_epoch
         config, excluded = self.launch.config, self.launch.attempt.excluded
-        if not (config.restarts.rejoin and excluded) or self.epoch <= max(self.looked_at, self.first_epoch):
+        if not (config.restarts.rejoin and excluded) or self.epoch <= max(self.looked_at, first_epoch):
             return
         self.looked_at = self.epoch
         if self.watcher is not None:
             self.watcher.look_for(h for h in inventory.load(config.inventory).hosts if h.name in excluded)
 
-    def _record_start(self, event: dict) -> None:
+    def _record_start(self, event: dict[str, Any]) -> None:
         run = self.launch.run
         try:
             # The program adds the versions it found; what edgetrain recorded of itself and the runtime stands.

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Union
+from typing import IO, Any
 
 from edgetrain.controller import allocation, containers, inventory, runtimes, scheduler
 from edgetrain.shared import progress
@@ -39,7 +39,7 @@ class Output:
 class RankEvent:
     """One of rank 0's events (edgetrain.shared.progress.SCHEMA), or a Keras progress update."""
 
-    event: dict
+    event: dict[str, Any]
     at: float
 
 
@@ -66,7 +66,7 @@ class Back:
     host: inventory.Host
 
 
-Event = Union[Output, RankEvent, StreamEnded, Looked, Back]
+Event = Output | RankEvent | StreamEnded | Looked | Back
 
 
 class Reader(threading.Thread):

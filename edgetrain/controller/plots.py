@@ -69,7 +69,7 @@ def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] 
             bodies.append(read(d / BENCH))
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"{d / BENCH} cannot be read: {exc}", "the bench was cut short or the file was damaged") from None
-    return save(bench_figure(list(zip(labels or [d.name for d in found], bodies))), out)
+    return save(bench_figure(list(zip(labels or [d.name for d in found], bodies, strict=True))), out)
 
 
 def _pyplot():
@@ -123,7 +123,7 @@ def bench_figure(benches: list[tuple[str, dict]]):
         for ax, key, trial_key in ((rate, "images_per_sec", "images_per_sec"), (target, "seconds_to_target", "seconds_to_target")):
             shown = [p for p in points if p.get(key) is not None]
             tries = [[t[trial_key] for t in p["trials"] if t.get(trial_key) is not None] for p in shown]
-            bars = list(zip(*(_spread(v, p[key]) for v, p in zip(tries, shown)))) or None
+            bars = list(zip(*(_spread(v, p[key]) for v, p in zip(tries, shown, strict=True)), strict=True)) or None
             ax.errorbar([p["nodes"] for p in shown], [p[key] for p in shown], yerr=bars, color=colour, marker="o",
                         capsize=3, label=label)
         # N x the one-node rate E(N) divides by (bench --reference concurrent: N's own; older benches: N = 1's).
@@ -131,7 +131,7 @@ def bench_figure(benches: list[tuple[str, dict]]):
         refs = {p["nodes"]: p.get("reference") or one for p in points}
         ideal = [(n, n * ref) for n, ref in refs.items() if ref]
         if ideal:
-            rate.plot(*zip(*ideal), color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
+            rate.plot(*zip(*ideal, strict=True), color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
         eff.plot([p["nodes"] for p in points if p.get("efficiency") is not None],
                  [p["efficiency"] for p in points if p.get("efficiency") is not None], color=colour, marker="o", label=f"{label}: measured")
         predicted = sorted((int(n), e) for n, e in (body.get("predicted_efficiency") or {}).items())
@@ -148,10 +148,10 @@ def bench_figure(benches: list[tuple[str, dict]]):
                 ax.plot([c["nodes"] for c in shown], [c[key] for c in shown], color=colour, marker="s", label=name)
             measured = [(c["nodes"], c["images_per_sec"] / (c["nodes"] * refs[c["nodes"]])) for c in found if refs.get(c["nodes"])]
             if measured:
-                eff.plot(*zip(*measured), color=colour, marker="s", label=f"{name}: measured")
+                eff.plot(*zip(*measured, strict=True), color=colour, marker="s", label=f"{name}: measured")
             expected = [(c["nodes"], c["predicted"]) for c in found if c.get("predicted") is not None]
             if expected:
-                eff.plot(*zip(*expected), color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
+                eff.plot(*zip(*expected, strict=True), color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
         if body.get("target_accuracy"):
             goals.add(body["target_accuracy"])
     rate.set(title="img/s (median; bars: the tries' range)", xlabel="nodes N", ylabel="images / s")
@@ -172,7 +172,7 @@ def run_figure(chosen: list[runs.Run], labels: list[str] | None = None):
     in seconds from its first step (epochs: from its start)."""
     plt = _pyplot()
     fig, (acc, rate) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for i, (run, name) in enumerate(zip(chosen, labels or [r.id for r in chosen])):
+    for i, (run, name) in enumerate(zip(chosen, labels or [r.id for r in chosen], strict=True)):
         colour, metrics = f"C{i}", [m for m in run.metrics() if isinstance(m.get("elapsed"), (int, float))]
         evals = [e for e in run.evaluations() if isinstance(e.get("seconds"), (int, float))]
         if evals:

@@ -3,6 +3,7 @@ shows the same checks as a table, then an MPI probe across throwaway containers.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import subprocess
@@ -112,7 +113,7 @@ def _node_checks(nodes: Nodes, host: Host, wanted: tuple[str, ...], expected_id:
         # The driver answers and supports the image's CUDA, a container sees the GPUs, one per slot.
         node.step("gpu", lambda: "; ".join([(found := gpu.check_host(nodes, host)).summary(), *found.warnings]))
     for dataset in wanted:
-        node.step("dataset", lambda dataset=dataset: node.dataset(dataset))
+        node.step("dataset", functools.partial(node.dataset, dataset))
     node.step("disk", node.disk)
     return node.rep
 
@@ -201,12 +202,12 @@ def check_nodes(nodes: Nodes, plan: Placement, wanted: tuple[str, ...], inventor
         reports = list(pool.map(lambda h: _node_checks(nodes, h, wanted, expected[images.image_for(h)], fix_data), plan.hosts))
     # With no copy on this machine to compare with, the nodes must at least agree with each other.
     for tag, want in expected.items():
-        held = [r for r in reports if images.image_for(r.host) == tag and r.image_id]
+        held = [(r, r.image_id) for r in reports if images.image_for(r.host) == tag and r.image_id]
         if want is None and held:
-            ref = held[0]
-            for r in held[1:]:
-                if r.image_id != ref.image_id:
-                    r.checks.append(Check("image", False, f"{tag} on {r.host.name} is {r.image_id[7:19]} but {ref.image_id[7:19]} on {ref.host.name}"))
+            ref, ref_id = held[0]
+            for r, image_id in held[1:]:
+                if image_id != ref_id:
+                    r.checks.append(Check("image", False, f"{tag} on {r.host.name} is {image_id[7:19]} but {ref_id[7:19]} on {ref.host.name}"))
     return reports
 
 
@@ -246,7 +247,7 @@ class ProbeReport:
 
 
 def _probe_once(running: containers.Containers, timeout: float) -> dict:
-    proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.rank.probe"]), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(running.mpirun([containers.PYTHON, "-m", "edgetrain.rank.probe"]), capture_output=True, text=True, timeout=timeout, check=False)
     return probe_report(proc, f"the MPI probe across {running.plan.np} ranks failed", containers.REACH_FIX)
 
 

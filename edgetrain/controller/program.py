@@ -52,7 +52,7 @@ class Program:
         (edgetrain.callbacks, edgetrain.ddp)."""
         if not self.is_script:
             return self.job is not None
-        assert self.workdir is not None
+        assert self.workdir is not None and self.script is not None
         sources = [self.workdir / self.script, *(p for p in self.workdir.glob("*.py") if p.name != self.script)]
         return any(_imports_helpers(p) for p in sources)
 

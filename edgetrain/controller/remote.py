@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from edgetrain.shared import checkpoints, tempdirs
 from edgetrain.shared.errors import EdgetrainError
@@ -27,7 +27,7 @@ from edgetrain.controller.inventory import Host
 
 UNREACHABLE = 255  # ssh's own exit status: the command never ran
 # Where tarfile has extraction filters, the members extract() gets were vetted here already.
-TRUSTED = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 PROTECTED = frozenset({"run.json"})  # the controller's own record: no node may overwrite it
 
 
@@ -98,6 +98,7 @@ class _Unpacking:
                         tar.extract(current, into, set_attrs=False, **TRUSTED)
                     last, current = current, None
         except _OverCap as exc:
+            assert current is not None  # accepted() refused it
             self.cut, self.over = current.name, str(exc)
         except tarfile.ReadError:
             if current is not None:
@@ -179,7 +180,7 @@ class Nodes:
             # A command that reads nothing gets no terminal: ssh would set it non-blocking, and a
             # killed ssh leaves it so, breaking every later program that reads it (ansible-inventory).
             return subprocess.run(self.argv(host, command), input=input, capture_output=True, text=text, timeout=timeout,
-                                  **({} if input is not None else {"stdin": subprocess.DEVNULL}))
+                                  stdin=None if input is not None else subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired:
             raise EdgetrainError(f"{host.name} did not answer within {timeout:.0f} s: {shlex.join(command)}",
                                  "check that the node is up and reachable") from None
@@ -191,7 +192,7 @@ class Nodes:
             return True
         argv = [*ssh_command(host, "-o", "ControlPath=none", connect_timeout=seconds), "true"]
         try:
-            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2).returncode == 0
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2, check=False).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 
@@ -261,7 +262,7 @@ class Nodes:
     def close(self) -> None:
         for host in self._used.values():
             subprocess.run([*ssh_command(host, "-o", f"ControlPath={self._dir}/%C", "-O", "exit")],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
         self._used.clear()
         shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -103,7 +103,7 @@ def install_here(path: Path, lines: list[str], log: Callable[[str], None]) -> li
         return []
     log(f"installing {len(missing)} requirement(s) from {path}: {', '.join(missing)}")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                           "-c", str(images.constraints_file()), *missing], capture_output=True, text=True)
+                           "-c", str(images.constraints_file()), *missing], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise _not_found(proc.stdout + proc.stderr, path)
     return missing
@@ -135,7 +135,7 @@ def build_image(arch: str, base_tag: str, path: Path, log: Callable[[str], None]
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
                                *platform, "--python-version", tgt.python, "--implementation", "cp",
                                "-c", str(images.constraints_file()), "-d", str(context / "wheels"), *lines],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise _not_found(proc.stdout + proc.stderr, path)
         tag = tag or base_tag

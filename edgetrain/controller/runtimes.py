@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from edgetrain.controller import containers, images, preflight, requirements, shipping
+from edgetrain.controller.containers import NodeState
 from edgetrain.shared import datasets, mpi, runs, workdir
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host, Inventory
@@ -305,7 +306,7 @@ class DockerRuntime(Runtime):
             lines = requirements.read(program.requirements)
             with ThreadPoolExecutor(max_workers=min(16, len(plan.hosts))) as pool:
                 lacking = list(pool.map(lambda h: requirements.missing_in_image(nodes, h, images.image_for(h), lines), plan.hosts))
-            for h, missing in zip(plan.hosts, lacking):
+            for h, missing in zip(plan.hosts, lacking, strict=True):
                 if missing:
                     raise EdgetrainError(f"preflight: {h.name}: requirements: {images.image_for(h)} lacks {', '.join(missing)} "
                                          f"({program.requirements})", requirements.fix_command(images.target_for(h).name, program.requirements))
@@ -339,7 +340,7 @@ class DockerRuntime(Runtime):
         assert self.containers is not None
         self.containers.lost.add(host.name)
 
-    def states(self) -> list[containers.NodeState]:
+    def states(self) -> list[NodeState]:  # (the attribute containers hides the module here)
         return self.containers.states() if self.containers is not None else []
 
     def stop(self) -> None:
@@ -371,7 +372,7 @@ class DockerRuntime(Runtime):
                             for d in self.reports[0].data_formats}}
 
 
-RUNTIMES = {"host": HostRuntime, "docker": DockerRuntime}
+RUNTIMES: dict[str, type[Runtime]] = {"host": HostRuntime, "docker": DockerRuntime}
 
 
 def node_files(plan: Placement, host: Host) -> list[str]:

@@ -98,7 +98,7 @@ def _slurm(*argv: str, stdin: str | None = None) -> str:
     _required()
     timeout = ANSWER_SECONDS
     try:
-        r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise EdgetrainError(f"{argv[0]}: no answer in {timeout:.0f} s: the Slurm controller is busy or out of reach",
                              "try again later; sinfo and squeue say when it answers") from None
@@ -139,6 +139,8 @@ def submit(config: LaunchConfig, inv: Inventory, run_id: str, run_argv: list[str
     """Queue the run, and record which run the job is; its Slurm job id."""
     _required()
     mine = runs.slurm_dir(runs.ensure_writable(config.runs_dir))
+    if mine is None:  # the runs directory went between its check and now
+        raise EdgetrainError(f"{config.runs_dir} is gone", "check the runs directory (--runs-dir), then submit again")
     # sbatch reads the script from its standard input: no file to outlive a refused submit.
     out = _slurm(*sbatch_argv(config, inv, run_id, mine), stdin=batch_script(run_id, run_argv))
     job = out.strip().split(";")[0]

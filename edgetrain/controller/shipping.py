@@ -13,6 +13,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -170,7 +171,7 @@ def prune(nodes: Nodes, host: Host, runs_dir: str, keep: set[str]) -> Pruned:
     return Pruned(host.name, files, freed, views)
 
 
-def prune_stores(nodes: Nodes, hosts: list[Host], runs_dir: str, live: set[str]) -> list[Pruned]:
+def prune_stores(nodes: Nodes, hosts: Sequence[Host], runs_dir: str, live: set[str]) -> list[Pruned]:
     """Prune the store of every node (``edgetrain clean --store``): a run whose container is still
     on a node, or that a command here holds (``live``), keeps its files; the host runtime's store
     is the one beside this machine's run directories (``runs_dir``, absolute)."""

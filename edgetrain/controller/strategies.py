@@ -174,5 +174,5 @@ def named(name: str) -> Strategy:
     """The strategy a ``--strategy`` names, or the one-line refusal of a name none has."""
     if name not in STRATEGIES:
         raise UsageError(f"unknown --strategy {name!r}", f"use one of: {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+    return STRATEGIES[Name(name)]
 

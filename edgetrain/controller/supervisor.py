@@ -60,9 +60,9 @@ def restart_after(launch: Launch, outcome: Outcome) -> Restart | None:
         nxt = _taken_back(launch, outcome.back)
         return Restart(nxt, f"edgetrain: {outcome.back.name} answers again; restarting on {len(plan.hosts) + 1} nodes with "
                             f"{nxt.np} ranks from the newest intact checkpoint")
-    if outcome.lost is None:
+    if outcome.lost is None or outcome.lost.host is None:
         return Restart(None, "edgetrain: no restart: no node was lost (a rank's own failure would happen again)")
-    host, how = outcome.lost
+    host, how = outcome.lost.host, outcome.lost.why
     left = [h for h in plan.hosts if h.name != host.name]
     if host.name == plan.head.name:
         return Restart(None, f"edgetrain: no restart: {host.name} was lost, and it holds rank 0 and the run's checkpoints")

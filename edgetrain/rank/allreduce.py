@@ -16,11 +16,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import horovod.tensorflow as hvd  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd
+import tensorflow as tf
 
-from edgetrain.callbacks import events  # noqa: E402
-from edgetrain.rank import allreduce_probe  # noqa: E402
+from edgetrain.callbacks import events
+from edgetrain.rank import allreduce_probe
 
 # Horovod starts a collective only at a turn of its cycle, and CPU nodes get long cycles: back to
 # back, the allreduces would time the cycle, not the transfer. The probe runs a short cycle of its
@@ -35,7 +35,7 @@ def _time(tensor: tf.Tensor, iters: int, compression, name: str) -> tuple[float,
         hvd.allreduce(tensor, op=hvd.Sum, compression=compression, name=f"{name}.warm{i}")
     hvd.allreduce(tf.constant(0.0), name=f"{name}.barrier")
     wall, cpu = time.perf_counter(), allreduce_probe.cpu_seconds()
-    for i in range(iters):
+    for _ in range(iters):
         hvd.allreduce(tensor, op=hvd.Sum, compression=compression, name=name)
     wall, cpu = (time.perf_counter() - wall) / iters, (allreduce_probe.cpu_seconds() - cpu) / iters
     worst = hvd.allreduce(tf.constant([wall, cpu], dtype=tf.float64), op=hvd.Max, name=f"{name}.times")

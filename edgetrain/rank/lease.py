@@ -60,7 +60,7 @@ def age(state: str) -> float:
         return time.monotonic() - float(f.read())
 
 
-def watch(path: str, limit: float, child: subprocess.Popen, poll: float, state: str) -> str:
+def watch(path: str, limit: float, child: subprocess.Popen[bytes], poll: float, state: str, name: str) -> str:
     """Wait while the lease holds and COMMAND runs, keeping the last renewal in ``state``; returns
     why the wait ended."""
     seen, renewed = stamp(path), time.monotonic()
@@ -75,7 +75,7 @@ def watch(path: str, limit: float, child: subprocess.Popen, poll: float, state: 
         elif time.monotonic() - renewed > limit:
             return f"lease {path} not renewed for {limit:.0f} s: the controller is gone"
         time.sleep(poll)
-    return f"{child.args[0]} ended with status {child.returncode}"
+    return f"{name} ended with status {child.returncode}"
 
 
 def end(child: subprocess.Popen) -> None:
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     child = subprocess.Popen(command)
     try:
-        why = watch(path, limit, child, poll=min(5.0, limit / 4), state=state)
+        why = watch(path, limit, child, poll=min(5.0, limit / 4), state=state, name=command[0])
     except SystemExit:
         why = "asked to stop"
         raise

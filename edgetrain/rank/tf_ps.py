@@ -117,7 +117,7 @@ def _beats(conn: socket.socket, meanwhile) -> str:
             if not conn.recv(64):
                 return "its lifeline closed"
             heard = time.monotonic()
-        except socket.timeout:
+        except TimeoutError:
             if silent(conn, heard):
                 return f"silent for {SILENCE_S:.0f} s"
         except OSError as exc:

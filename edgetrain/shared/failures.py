@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgetrain.shared import runs, untrusted
 
@@ -72,7 +73,7 @@ class Failure:
         m = self._lost()
         return self.error if m is None else m.group(0).strip()
 
-    def _lost(self) -> re.Match | None:
+    def _lost(self) -> re.Match[str] | None:
         if self.kind is not Kind.EXCEPTION:
             return None
         return LOST_PEER.search(self.error) or LOST_PEER.search(self.traceback or "")
@@ -119,7 +120,7 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
     return f
 
 
-def from_event(event: dict) -> Failure:
+def from_event(event: dict[str, Any]) -> Failure:
     """The failure a rank reported as an event (``failed``) on the launcher's stream; a field
     that does not fit a failure record's is left out."""
     fits = {**SCHEMA.required, **SCHEMA.optional}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
 
 from edgetrain.shared.errors import UsageError
 
@@ -24,9 +26,9 @@ class JobSpec:
     # What `edgetrain bench` times the job to by default: rank-averaged validation accuracy.
     target_accuracy: float | None = None
     # Job-specific options (name -> default) that `edgetrain run` accepts for this job only.
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
-    def load(self):
+    def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 

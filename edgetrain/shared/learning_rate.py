@@ -27,7 +27,7 @@ def images_per_update(ranks: int, batch: int, sync: Sync = EVERY_STEP) -> int:
 
 def scale(ranks: int, batch: int, job_batch: int, power: float = 1.0, sync: Sync = EVERY_STEP) -> float:
     """The factor on the job's base rate once warmed up."""
-    return (images_per_update(ranks, batch, sync) / job_batch) ** power
+    return float((images_per_update(ranks, batch, sync) / job_batch) ** power)
 
 
 def warmup(epoch: float, peak: float, epochs: float) -> float:

@@ -29,7 +29,7 @@ def mpirun_path() -> str:
 
 
 def mpich_version(mpirun: str) -> str:
-    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, check=False).stdout
     m = re.search(r"Version:\s*(\S+)", out)
     return m.group(1) if m else "unknown"
 

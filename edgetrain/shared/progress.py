@@ -13,10 +13,14 @@ import re
 import secrets
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from edgetrain.shared import terminal, untrusted
 from edgetrain.shared.untrusted import NUMBER, ListOf, MapOf, Obj
+
+if TYPE_CHECKING:  # rich is imported where a console is drawn, not by every reader of events
+    from rich.console import Console
+    from rich.progress import TaskID
 
 EVENT_PREFIX = "@edgetrain"
 TOKEN_ENV = "EDGETRAIN_EVENTS_TOKEN"
@@ -58,7 +62,7 @@ def _marker(token: str) -> str:
     return f"{EVENT_PREFIX}:{token} "
 
 
-def checked(text: str) -> dict | None:
+def checked(text: str) -> dict[str, Any] | None:
     """The event ``text`` holds, or None where it is not one of SCHEMA's kinds with its fields, or
     is longer or deeper than an event is (EVENT_CHARS, untrusted.MAX_DEPTH)."""
     if len(text) > EVENT_CHARS:
@@ -80,13 +84,13 @@ class Events:
             raise ValueError("events need the attempt's token")
         self.stream, self.enabled, self.marker = stream, enabled, _marker(token)
 
-    def emit(self, event: str, **fields) -> None:
+    def emit(self, event: str, **fields: Any) -> None:
         if self.enabled:
             self.stream.write(self.marker + json.dumps({"event": event, **fields}) + "\n")
             self.stream.flush()
 
 
-def parse(line: str, token: str | None) -> list[str | dict]:
+def parse(line: str, token: str | None) -> list[str | dict[str, Any]]:
     """What a line of mpirun's output holds, in order: the program's own text (a str) and events
     (dicts) - rank 0's ``@edgetrain`` events marked with this attempt's ``token``, and Keras'
     progress-bar updates (rank 0's, from a script that does not use edgetrain.callbacks) as
@@ -103,7 +107,7 @@ def parse(line: str, token: str | None) -> list[str | dict]:
     event = checked(rest) if prefix else None
     if prefix and event is None:
         text = line
-    pieces: list[str | dict] = []
+    pieces: list[str | dict[str, Any]] = []
     shown = text.replace("\b", "")
     m = KERAS_UPDATE.match(shown.rstrip())
     if m:
@@ -119,7 +123,7 @@ class ConsoleProgress:
     """Renders rank 0's events: a live bar per epoch, one line per finished epoch and per
     evaluation within an epoch, and the moment the target accuracy is reached."""
 
-    def __init__(self, console) -> None:
+    def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.console = console
@@ -136,17 +140,17 @@ class ConsoleProgress:
             # its 10 redraws a second cost 4 ms of CPU a second, a few percent of a Pi-sized node.
             auto_refresh=False,
         )
-        self.task = None
+        self.task: TaskID | None = None
         self.label = ""
         self.drawn = 0.0
         self.epochs = 0
         self.shown_epoch = 0
 
-    def __enter__(self) -> "ConsoleProgress":
+    def __enter__(self) -> ConsoleProgress:
         self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
     def _drop(self) -> None:
@@ -168,7 +172,7 @@ class ConsoleProgress:
         if redraw:
             self.drawn = now
 
-    def event(self, e: dict) -> None:
+    def event(self, e: dict[str, Any]) -> None:
         kind = e["event"]
         if kind == "start":
             self.epochs = e["epochs"]

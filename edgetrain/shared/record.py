@@ -65,7 +65,7 @@ class Attempt:
     np: int
     mpirun: list[str]
     resumed_from_epoch: int | None = None
-    shipped: list[dict] = field(default_factory=list)  # per node: what the working directory cost to send
+    shipped: list[dict[str, Any]] = field(default_factory=list)  # per node: what the working directory cost to send
     first_step_s: float | None = None  # seconds from the launch to the first training step
     excluded: dict[str, str] = field(default_factory=dict)  # nodes a restart left out -> how each was lost
     went_on_without: dict[str, str] = field(default_factory=dict)  # nodes lost mid-attempt that it carried on without -> how
@@ -87,9 +87,9 @@ class Where:
     runtime: str
     strategy: str
     inventory: str
-    hosts: list[dict]  # {"host", "ranks"} in rank order
+    hosts: list[dict[str, Any]]  # {"host", "ranks"} in rank order
     oversubscribed: bool = False
-    nodes: dict[str, dict] | None = None  # docker runtime: per node its runs directory and image
+    nodes: dict[str, dict[str, Any]] | None = None  # docker runtime: per node its runs directory and image
     speeds: list[float] | None = None  # --batch-by speed: each rank's speed, in rank order; None: equal batches
     speeds_from: str | None = None  # where the nodes' speeds came from (a bench, the inventory)
     batches: list[int] | None = None  # each rank's batch where they differ, as rank 0's program reported them
@@ -105,8 +105,8 @@ class RunRecord:
     placement: Where | None = None
     attempts: list[Attempt] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
-    dataset: dict[str, dict] = field(default_factory=dict)
-    workdir: dict | None = None  # {"files", "bytes"} shipped, for a script with a working directory
+    dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workdir: dict[str, Any] | None = None  # {"files", "bytes"} shipped, for a script with a working directory
     ended: str | None = None
     returncode: int | None = None
     error: str | None = None
@@ -165,11 +165,11 @@ RUN_JSON = Obj(
 )
 
 
-def _known(cls, data: dict) -> dict:
+def _known(cls: type[Any], data: dict[str, Any]) -> dict[str, Any]:
     """The fields of ``cls`` in ``data``: what a later schema added is not this version's to read."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 
 
-def _plain(items: list[tuple[str, Any]]) -> dict:
+def _plain(items: list[tuple[str, Any]]) -> dict[str, Any]:
     return {k: v.value if isinstance(v, enum.Enum) else v for k, v in items}

@@ -13,10 +13,12 @@ import stat
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from edgetrain.shared import checkpoints, untrusted
 from edgetrain.shared.errors import EdgetrainError, UsageError
-from edgetrain.shared.record import NEXT, RunRecord, Status
+from edgetrain.shared.record import NEXT, RunRecord
+from edgetrain.shared.record import Status as Status  # re-exported: callers name a run's states runs.Status
 from edgetrain.shared.untrusted import NUMBER
 
 
@@ -88,7 +90,7 @@ class Run:
     def metrics_file(self) -> Path:
         return self.path / METRICS
 
-    def append_metrics(self, records: list[dict]) -> None:
+    def append_metrics(self, records: list[dict[str, Any]]) -> None:
         """Rank 0's records, a line each."""
         with checkpoints.naming(self.metrics_file), open(self.metrics_file, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
@@ -112,7 +114,7 @@ class Run:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
         return RunRecord.from_json(data, self.id)
 
-    def update(self, **changes) -> RunRecord:
+    def update(self, **changes: Any) -> RunRecord:
         """Rewrite run.json with ``changes`` made to its record (a first record needs ``job`` and
         ``status``), atomically and durably: a reader (or a crash, a power cut, or a full disk) sees the
         old file or the new one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
@@ -132,15 +134,15 @@ class Run:
                                  f"free disk space on this machine ({self.path.parent})") from None
         return record
 
-    def metrics(self) -> list[dict]:
+    def metrics(self) -> list[dict[str, Any]]:
         """One dict per epoch; a damaged line (a rank killed mid-write) is left out, see ``damaged_metrics``."""
         return [m for _, m in self._metric_lines() if isinstance(m, dict) and "kind" not in m]
 
-    def evaluations(self) -> list[dict]:
+    def evaluations(self) -> list[dict[str, Any]]:
         """The ``eval`` records, in the order they were made (none in runs from before they existed)."""
         return [m for _, m in self._metric_lines() if isinstance(m, dict) and m.get("kind") == "eval"]
 
-    def test_score(self) -> dict | None:
+    def test_score(self) -> dict[str, Any] | None:
         """The test set's score, taken once after training (a run that held its validation set out
         of the training set: --holdout); None for any other run."""
         return next((m for _, m in reversed(self._metric_lines()) if isinstance(m, dict) and m.get("kind") == "test"), None)
@@ -149,12 +151,12 @@ class Run:
         """The lines of metrics.jsonl that are not a record of their kind: (number, what is wrong)."""
         return [(n, m) for n, m in self._metric_lines() if isinstance(m, str)]
 
-    def _metric_lines(self) -> list[tuple[int, dict | str]]:
+    def _metric_lines(self) -> list[tuple[int, dict[str, Any] | str]]:
         """Each line's record, or what is wrong with it. Lines without a ``kind`` are the epochs'; a
         record of a kind this version does not know is kept unread, not counted as damage."""
         if not self.metrics_file.exists():
             return []
-        found: list[tuple[int, dict | str]] = []
+        found: list[tuple[int, dict[str, Any] | str]] = []
         for n, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
             if line.strip():
                 try:
@@ -180,7 +182,7 @@ class Run:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file} is a link, not edgetrain's lock",
-                                     f"remove it (edgetrain makes it anew), then try again") from None
+                                     "remove it (edgetrain makes it anew), then try again") from None
             raise EdgetrainError(f"cannot lock run {self.id}: {self.lock_file}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -366,7 +368,7 @@ class Summary:
     checkpoint: int | None
     problems: tuple[str, ...] = ()  # what could not be read, one line each
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {**self.__dict__, "status": self.status.value, "problems": list(self.problems)}
 
 
@@ -423,18 +425,18 @@ def time_to_target(run: Run) -> str | None:
     return f"no target accuracy; best {_percent(best['val_accuracy'], 2)} val accuracy {where}{tail}"
 
 
-def _percent(fraction, places: int | None = None) -> str:
+def _percent(fraction: float | None, places: int | None = None) -> str:
     if fraction is None:
         return "?"
     return f"{fraction * 100:.{places}f}%" if places is not None else f"{fraction * 100:.10g}%"
 
 
-def _seconds(record: dict) -> str:
+def _seconds(record: dict[str, Any]) -> str:
     value = record.get("seconds")
     return f"{value:.1f} s" if value is not None else "? s"
 
 
-def _images(record: dict) -> str:
+def _images(record: dict[str, Any]) -> str:
     value = record.get("images")
     return f", {value:,} images" if value is not None else ""
 

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from edgetrain.shared.errors import EdgetrainError
 
@@ -77,7 +77,7 @@ class Peers:
                                  f"give the JSON object {cls.__name__}.to_json() writes") from None
 
 
-def _tuples(value):
+def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 

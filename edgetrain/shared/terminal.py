@@ -33,7 +33,7 @@ def printable(text: str) -> str:
     return CONTROL.sub(lambda m: m.group() if COLOUR.fullmatch(m.group()) else "", text)
 
 
-def shown(text: str) -> "Text":
+def shown(text: str) -> Text:
     """``text`` as rich prints it: plain text in the program's colours, never markup."""
     # Imported here: ranks import this module (through progress) without rich.
     from rich.text import Text

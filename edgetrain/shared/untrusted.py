@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 # Of objects and lists within each other: edgetrain's own files nest 4 deep, a script's metrics 1.
 MAX_DEPTH = 32
@@ -49,7 +49,7 @@ class MapOf:
 class Matches:
     """A string the whole of which matches ``pattern``; ``what`` says what it is in a message."""
 
-    pattern: re.Pattern
+    pattern: re.Pattern[str]
     what: str
 
 
@@ -60,7 +60,7 @@ class Maybe:
     schema: Schema
 
 
-Schema = Union[tuple, Obj, ListOf, MapOf, Matches, Maybe]
+Schema = tuple[Any, ...] | Obj | ListOf | MapOf | Matches | Maybe
 
 SHA256 = Matches(re.compile(r"[0-9a-f]{64}"), "a sha256 (64 lowercase hex characters)")
 
@@ -92,7 +92,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def fits(value: Any, types: tuple) -> bool:
+def fits(value: Any, types: tuple[Any, ...]) -> bool:
     # JSON's true is no count: a bool passes only where the schema names bool.
     return isinstance(value, types) and (not isinstance(value, bool) or bool in types)
 
@@ -148,7 +148,7 @@ def _kind(value: Any) -> str:
     return next((said for t, said in KINDS if isinstance(value, t)), type(value).__name__)
 
 
-def _expected(types: tuple) -> str:
+def _expected(types: tuple[Any, ...]) -> str:
     # A float is named for a number, whole or not.
     named = [said for t, said in KINDS if t in types and not (t is int and float in types)]
     return " or ".join(named)

@@ -24,7 +24,7 @@ def node_docker(host: Host, args: list[str]) -> list[str]:
 
 
 def node_image_id(host: Host, ref: str) -> str | None:
-    proc = subprocess.run(node_docker(host, ["image", "inspect", "--format", "{{.Id}}", ref]), capture_output=True, text=True)
+    proc = subprocess.run(node_docker(host, ["image", "inspect", "--format", "{{.Id}}", ref]), capture_output=True, text=True, check=False)
     if proc.returncode == 0:
         return proc.stdout.strip()
     if proc.returncode == 255 and not host.is_local:
@@ -68,7 +68,7 @@ def list_images(inventory: Inventory) -> list[NodeImage]:
             node_docker(host, ["image", "inspect", "--format", "{{.Id}} {{.Architecture}} {{.Created}}", *tags]),
             f"inspecting images on {host.name}",
         ).stdout.splitlines()
-        for tag, line in zip(tags, out):
+        for tag, line in zip(tags, out, strict=True):
             image_id, arch, created = line.split(" ", 2)
             rows.append(NodeImage(host.name, tag, image_id, arch, created))
     return rows

@@ -5,6 +5,7 @@ holds."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import io
 import os
@@ -13,7 +14,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import docker.errors
 
@@ -33,20 +34,21 @@ class Shipment:
     loaded: bool  # False: the node already had this image ID
 
 
-def _local_image(tag: str, for_hosts: Iterable[Host]) -> tuple[str, str]:
+def _local_image(tag: str, for_hosts: Iterable[Host]) -> dict[str, Any]:
+    """``docker image inspect`` of ``tag`` on this machine, which must hold it."""
     found = inspect_image(tag)
     if found is None:
         names = ", ".join(h.name for h in for_hosts)
         arch = tag.rsplit("-", 1)[-1]
         fix = f"edgetrain images build --arch {arch}" if arch in TARGETS else f"build or pull {tag} on this machine"
         raise EdgetrainError(f"image {tag} (for {names}) is not in this machine's Docker engine", fix)
-    return found["Id"], found["Architecture"]
+    return found
 
 
 def layers_held(layers: list[str], on_node: list[list[str]]) -> int:
     """How many of an image's layers (base first) a node holds: the longest prefix it shares with an
     image there. A layer is the whole chain below it, so a diff ID found elsewhere is not the same layer."""
-    return max((len(os.path.commonprefix([layers, other])) for other in on_node), default=0)
+    return max((len(os.path.commonprefix([layers, other])) for other in on_node), default=0)  # noqa: RUF071 - of lists, item by item
 
 
 class _Chunks(io.RawIOBase):
@@ -61,10 +63,10 @@ class _Chunks(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         while not self._left:
-            self._left = next(self._chunks, None)
-            if self._left is None:
-                self._left = b""
+            chunk = next(self._chunks, None)
+            if chunk is None:
                 return 0
+            self._left = chunk
         n = min(len(buffer), len(self._left))
         buffer[:n] = self._left[:n]
         self._left = self._left[n:]
@@ -79,13 +81,13 @@ def copy_without(saved: IO[bytes], out: IO[bytes], held: set[str]) -> int:
     written = 0
     with tarfile.open(fileobj=saved, mode="r|") as src, tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
         for member in src:
-            if not member.isfile():
+            data = src.extractfile(member) if member.isfile() else None
+            if data is None:
                 dst.addfile(member)
                 continue
-            data = src.extractfile(member)
             with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
                 digest = hashlib.sha256()
-                for block in iter(lambda: data.read(1 << 20), b""):
+                for block in iter(functools.partial(data.read, 1 << 20), b""):
                     digest.update(block)
                     spool.write(block)
                 if f"sha256:{digest.hexdigest()}" in held:
@@ -141,7 +143,7 @@ def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
     if not hosts:
         raise EdgetrainError(f"no host in {inventory.source} uses the docker runtime", "set edgetrain_runtime: docker on the nodes that run containers")
     for host in hosts:
-        _, arch = _local_image(image_for(host), [host])
+        arch = _local_image(image_for(host), [host])["Architecture"]
         if arch != target_for(host).docker_arch:
             raise EdgetrainError(f"image {image_for(host)} is {arch} but {host.name} is {host.arch}", "set edgetrain_image for the node to an image of its arch")
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(hosts)) as pool:
@@ -152,11 +154,12 @@ def distribute(inventory: Inventory, log: Log = print) -> list[Shipment]:
 
 def _ship(host: Host, log: Log) -> Shipment:
     tag = image_for(host)
-    image_id, _ = _local_image(tag, [host])
+    local = _local_image(tag, [host])
+    image_id = local["Id"]
     if node_image_id(host, tag) == image_id:
         log(f"{host.name}: {tag} {image_id[7:19]} already present")
         return Shipment(host.name, tag, image_id, loaded=False)
-    layers = inspect_image(tag)["RootFS"]["Layers"]
+    layers = local["RootFS"]["Layers"]
     held = layers_held(layers, node_layers(host))
     log(f"{host.name}: sending {tag} {image_id[7:19]}" + (f" ({held} of its {len(layers)} layers already there)" if held else ""))
     # A layer's content can recur above the shared prefix (an empty one, say): that one is sent.

@@ -30,10 +30,10 @@ def prebuilt_horovod(cache_dir: Path, tgt: Target) -> Path:
 
 def git_revision() -> str:
     root = project_root()
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     if head.returncode != 0:
         return "unknown"
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False)
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
@@ -120,5 +120,7 @@ def build(
             buildargs={name: value for name, value in args.items() if value}, network_mode="host", log=log, output=output,
         )
     seconds = time.monotonic() - start
-    size = inspect_image(tag)["Size"]
-    return BuildResult(tag, image_id, int(size), seconds, base_image)
+    built = inspect_image(tag)
+    if built is None:
+        raise EdgetrainError(f"{tag} was built, yet this machine's Docker engine has no such image", "build it again")
+    return BuildResult(tag, image_id, int(built["Size"]), seconds, base_image)

@@ -97,7 +97,7 @@ def _verbatim(log: Log | None) -> Log | None:
     """``log`` for text that is not markup: a Dockerfile line like ``CMD [/bin/sh]`` must print as
     written through a rich console (the CLI's), and not wrap mid-line."""
     console = getattr(log, "__self__", None)
-    if log is not None and type(console).__module__.split(".")[0] == "rich":
+    if log is not None and console is not None and type(console).__module__.split(".")[0] == "rich":
         return lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)
     return log
 

@@ -94,7 +94,7 @@ def default_cache_dir() -> Path:
 
 def marker_environment(tgt: Target) -> dict[str, str]:
     """The marker environment of the target's Python."""
-    env = default_environment()
+    env = {k: str(v) for k, v in default_environment().items()}
     env.update(
         platform_machine=tgt.machine,
         python_version=tgt.python,

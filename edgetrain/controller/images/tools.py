@@ -13,7 +13,7 @@ Log = Callable[[str], None]
 
 
 def run_tool(cmd: list[str], what: str, fix: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, text=True, capture_output=True, **kwargs)
+    proc = subprocess.run(cmd, text=True, capture_output=True, check=False, **kwargs)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["(no output)"])[-1]
         raise EdgetrainError(f"{what} failed: {last}", fix)
