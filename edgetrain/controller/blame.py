@@ -49,6 +49,16 @@ class Finding:
         environment rather than how far the run got; None where a resume may help."""
         return next((fix for pattern, fix in UNRESUMABLE if pattern.search(self.error or "")), None)
 
+    @property
+    def disk_full_writing(self) -> str | None:
+        """What the rank was writing when its run directory's disk filled ("checkpoints/epoch-0002";
+        "" where it did not say), from its own words (failures.disk_full); None for any other failure."""
+        error = self.error or ""
+        if not error.startswith(failures.RUN_DIR_FULL):
+            return None
+        rest = error[len(failures.RUN_DIR_FULL):]
+        return rest[len(failures.WRITING):].split(" - ")[0] if rest.startswith(failures.WRITING) else ""
+
 
 @dataclass(frozen=True)
 class Observed:

@@ -217,6 +217,8 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     if outcome.state is runs.Status.INTERRUPTED:
         raise Interrupted(f"run {started.run.id} interrupted", f"continue it with: {started.resume_command}")
     found = outcome.finding
+    if found and found.disk_full_writing is not None:  # whether or not run.json fitted after it (launch.full_disk)
+        raise launch.full_disk(started, found)
     for line in found.log_tail if found else ():
         err_console.print(shown(f"  | {line}"), highlight=False, soft_wrap=True)
     who = outcome.why

@@ -306,7 +306,8 @@ class Containers:
                         return NodeState(host, True, "")
                     if alive.returncode == UNREACHABLE and not host.is_local:
                         return self._unreachable(host, (alive.stderr.strip().splitlines() or ["no answer"])[-1])
-                proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name], timeout=30)
+                proc = self.nodes.run(host, ["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}} {{.State.OOMKilled}}", self.name],
+                                      timeout=SSH_TIMEOUT)  # as the check above: a look's part of DARK_LINK_NOTICED_S
             except EdgetrainError as exc:
                 return self._unreachable(host, exc.problem)
             if proc.returncode != 0:
@@ -326,7 +327,7 @@ class Containers:
         """The shared connection to a node failed (its keepalives went unanswered for ssh's
         timeout, or it could not connect): a node that answers a new connection within
         CONFIRM_TIMEOUT is taken as up (the next check looks again), one that does not is out of
-        reach - two observations, a lost node in about 25 s instead of two checks' 40."""
+        reach - two observations, a lost node within observers.DARK_LINK_NOTICED_S instead of two checks' 40."""
         if self.nodes.answers(host):
             return NodeState(host, True, f"its shared connection failed ({err}) but a new one answered")
         self.unreachable.add(host.name)

@@ -12,6 +12,7 @@ import posixpath
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any
 
 from edgetrain import __version__
 from edgetrain.controller import allocation, blame, inventory, monitor, placement, requirements, runtimes
-from edgetrain.shared import checkpoints, job_options, lifetime, progress, record, runs, workdir
+from edgetrain.shared import checkpoints, failures, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
@@ -324,6 +325,8 @@ def execute(launch: Launch, on_event: Callable[[dict[str, Any]], None], on_outpu
         state, code = Status.INTERRUPTED, 130
         _interrupt(launch.runtime, proc, grace)
     finally:
+        # run.json met a full disk while the ranks trained: the first the run heard of it, and what ended it.
+        recording_ended_it = watched.record_error is not None
         cleanup = _finish(launch, proc, observers, watched, state)
     outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, watched.last, cleanup_errors=cleanup,
                       lost=watched.lost, back=watched.back)
@@ -331,7 +334,11 @@ def execute(launch: Launch, on_event: Callable[[dict[str, Any]], None], on_outpu
         outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, watched.output, watched.verdict, watched.reported,
                                                     lambda line: launch.config.log(f"edgetrain: warning: {line}")))
     if watched.record_error is not None:
-        raise _unrecorded(launch, outcome, watched.record_error)
+        if recording_ended_it and failures.DISK_FULL in watched.record_error.problem:
+            raise full_disk(launch, None)
+        # A rank that met a full disk first is reported as such whether or not run.json fitted after it.
+        if outcome.finding is None or outcome.finding.disk_full_writing is None:
+            raise _unrecorded(launch, outcome, watched.record_error)
     return outcome
 
 
@@ -343,6 +350,8 @@ def _mark_running(launch: Launch) -> None:
         launch.runtime.stop()
         problems = launch.runtime.finish(launch.run)
         launch.lock.release()
+        if failures.DISK_FULL in exc.problem and not problems:
+            raise full_disk(launch, None) from None
         raise _unrecorded(launch, Outcome(launch.run, 1, Status.FAILED, cleanup_errors=problems), exc) from None
 
 
@@ -391,3 +400,23 @@ def _unrecorded(launch: Launch, outcome: Outcome | None, exc: EdgetrainError) ->
     cls = Interrupted if state is Status.INTERRUPTED else EdgetrainError
     fix = exc.fix if state is Status.COMPLETED else f"{exc.fix}, then resume with: {launch.resume_command}"
     return cls(f"run {launch.run.id} {how}, and this machine could not record it: {exc.problem}", fix)
+
+
+def full_disk(launch: Launch, finding: blame.Finding | None) -> EdgetrainError:
+    """The one report of a run that failed because its run directory's disk filled, whichever write
+    met it first: a rank's (``finding`` names its host and what it was writing: a checkpoint, a
+    metrics line) or this machine's run.json (no such finding). Which write meets the disk first is
+    chance, and so is whether run.json fits after a rank's: the rank removes its half-written
+    checkpoint, which may leave room again, or not. Neither changes the words: one line, no log tail
+    (the traceback of a write that met a full disk says no more), where to free space, and the
+    command that resumes."""
+    writing = finding.disk_full_writing if finding is not None else None
+    if finding is None or writing is None:
+        host, writing, where = socket.gethostname(), launch.run.info_file.name, str(launch.run.path)
+    else:
+        # The node's own path where the runtime knows it (a container's differs), else the one its ranks see.
+        host = finding.host or "its node"
+        where = launch.runtime.node_run_dirs(launch.run).get(host, launch.runtime.run_dir(launch.run))
+    what = f"{failures.WRITING}{writing}" if writing else ""
+    return EdgetrainError(f"run {launch.run.id} failed: the disk of its run directory on {host} is full ({failures.DISK_FULL}){what}",
+                          f"free disk space there ({where}), then resume with: {launch.resume_command}")

@@ -124,12 +124,15 @@ class Monitor:
         if code != 0 and self.watch is Watch.WATCHING and self.launch.runtime.has_nodes:
             wanted = self.looks + 2
             deadline = time.monotonic() + remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT + 2 * observers.watcher.interval
+            observers.watcher.hurry()
             while self.watch is Watch.WATCHING and self.looks < wanted and observers.watcher.is_alive():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                observers.watcher.hurry()
+                seen = self.looks
                 self._next(observers.events, min(left, POLL))
+                if self.looks > seen and self.watch is Watch.WATCHING:
+                    observers.watcher.hurry()  # the next look at once; none after a verdict (Watcher)
         if code == 0 and self.watch is Watch.WATCHING:
             unstarted = self.unstarted()
             if unstarted is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from edgetrain.controller import allocation, containers, inventory, runtimes, scheduler
+from edgetrain.controller import allocation, containers, inventory, remote, runtimes, scheduler
 from edgetrain.shared import progress
 from edgetrain.shared.errors import EdgetrainError
 
@@ -89,16 +89,33 @@ class Reader(threading.Thread):
             self.post(StreamEnded())
 
 
+# Seconds between the end of one look at the nodes and the start of the next.
+LOOK_EVERY = 2.0
+# A link gone dark is noticed within this, however loaded the machine: the next look starts within
+# LOOK_EVERY; its check through the node's shared connection is killed after ssh's timeout; the
+# second opinion, a new connection, after CONFIRM_TIMEOUT. Each is a wall-clock limit on a process
+# (remote.Nodes.run, remote.Nodes.answers), not a count of keepalives that a busy machine stretches.
+# README promises about half a minute.
+DARK_LINK_NOTICED_S = LOOK_EVERY + remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT
+
+
 class Watcher(threading.Thread):
     """Looks at the run's nodes (runtime.states) every ``interval`` seconds, at once when hurried,
     and for the left-out nodes when asked (look_for).
 
-    A node is out of reach when the shared connection to it failed (ssh's keepalives unanswered
-    for about 15 s) and a new connection did not answer either (the runtime's ``states``): about
-    25 s from a link going dark. Hydra's own ssh gives up after 15 s, and MPICH cannot carry on
-    without the node anyway."""
+    A node is out of reach when the shared connection to it failed (ssh's keepalives unanswered,
+    or no answer within ssh's timeout) and a new connection did not answer either (the runtime's
+    ``states``): within DARK_LINK_NOTICED_S of a link going dark. Hydra's own ssh gives up after
+    15 s, and MPICH cannot carry on without the node anyway.
 
-    def __init__(self, runtime: runtimes.Runtime, run_id: str, post: Callable[[Event], None], interval: float = 2.0) -> None:
+    A hurry asks for a look that starts after it: one asked for while a look is under way is
+    answered by that look's Looked, and the asker hurries again if it wants another. So no look
+    starts after one whose verdict ends the watch: such a look at a node just found out of reach
+    would wait on ssh again (a new shared connection, then a new one to confirm), and ending the
+    attempt waits for the look under way (Observers.stop) - a head cut off took 45 s to end
+    the run where 27 s went to its verdict."""
+
+    def __init__(self, runtime: runtimes.Runtime, run_id: str, post: Callable[[Event], None], interval: float = LOOK_EVERY) -> None:
         super().__init__(daemon=True, name="edgetrain-watcher")
         self.runtime, self.container, self.post, self.interval = runtime, f"edgetrain-{run_id}", post, interval
         self._ended = threading.Event()
@@ -135,7 +152,10 @@ class Watcher(threading.Thread):
             states = tuple(self.runtime.states())
         except EdgetrainError:
             states = None
-        self.post(Looked(states, time.monotonic(), self._taken()))
+        taken = self._taken()
+        if not self._ended.is_set():
+            self._hurry.clear()  # asked for while this look was under way: its Looked answers
+        self.post(Looked(states, time.monotonic(), taken))
 
     def _taken(self) -> dict[str, str]:
         if self.held is None:

@@ -112,9 +112,9 @@ class _Unpacking:
 
 # Seconds until ssh gives up on a node: to connect, or once a connection's keepalives go unanswered.
 SSH_TIMEOUT = 15
-# A new connection's time to answer once the shared one broke. The TCP handshake is the kernel's
-# and the SSH handshake a Pi's sshd does in a fraction of a second even while training, so only a
-# node out of reach takes this long.
+# A new connection's time to answer (connect, log in, run ``true``) once the shared one broke. The
+# TCP handshake is the kernel's and the SSH handshake a Pi's sshd does in a fraction of a second even
+# while training, so only a node out of reach takes this long.
 CONFIRM_TIMEOUT = 10
 
 
@@ -192,7 +192,8 @@ class Nodes:
             return True
         argv = [*ssh_command(host, "-o", "ControlPath=none", connect_timeout=seconds), "true"]
         try:
-            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds * 2, check=False).returncode == 0
+            # The whole exchange within ``seconds``: ConnectTimeout bounds only its first part.
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=seconds, check=False).returncode == 0
         except subprocess.TimeoutExpired:
             return False
 

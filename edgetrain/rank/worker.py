@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
+import io
 import json
 import os
 import re
@@ -105,9 +107,37 @@ def _redirect(log: Path, tee: bool) -> tuple[int, threading.Thread | None]:
     else:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    sys.stdout, sys.stderr = _LogStream.text(1), _LogStream.text(2)
     return console, pump
+
+
+class _LogStream(io.RawIOBase):
+    """fd 1 or 2 as the rank's Python code writes to it: a line the log's full disk cannot take is
+    dropped, not raised, as the console copy's pump drops it. A print must not end a run: which
+    write met a full disk first would otherwise be a log line's, unnamed, on whichever rank printed;
+    the run's own files (a checkpoint, a metrics line, run.json) meet it and say so."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    @classmethod
+    def text(cls, fd: int) -> io.TextIOWrapper:
+        return io.TextIOWrapper(io.BufferedWriter(cls(fd)), line_buffering=True)
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data) -> int:
+        try:
+            return os.write(self.fd, data)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return len(data)
 
 
 def _write_all(fd: int, data: bytes) -> bool:

@@ -134,6 +134,10 @@ def from_event(event: dict[str, Any]) -> Failure:
 
 
 DISK_FULL = "No space left on device"
+# A rank's words for a run directory whose disk filled (``disk_full``), which the controller's report
+# of that fault reads back: what was being written, after WRITING.
+RUN_DIR_FULL = f"its run directory's disk is full ({DISK_FULL})"
+WRITING = " while writing "
 
 
 def disk_full(exc: BaseException, run_dir: Path) -> tuple[str, str] | None:
@@ -155,8 +159,8 @@ def disk_full(exc: BaseException, run_dir: Path) -> tuple[str, str] | None:
         if parts[:1] == ["checkpoints"] and len(parts) > 1:
             epoch = re.match(r"\.?(epoch-\d+)", parts[1])
             parts = ["checkpoints", epoch.group(1) if epoch else parts[1]]
-        what = f" while writing {'/'.join(parts[:2])}"
-    return f"its run directory's disk is full ({DISK_FULL}){what}", "free disk space on that node, then resume"
+        what = f"{WRITING}{'/'.join(parts[:2])}"
+    return f"{RUN_DIR_FULL}{what}", "free disk space on that node, then resume"
 
 
 def ended_path(run_dir: Path, rank: int) -> Path:

@@ -48,6 +48,7 @@ def test_a_link_going_dark_ends_the_run_naming_the_node(faults, report, node):
     with LongRun(faults) as job:
         rid = job.checkpoint()
         cut = next(n for n in faults.bed.state.nodes if n.name == node)
+        cut_at = time.monotonic()
         run("ip", "link", "set", cut.veth, "down")  # packets dropped, no reset: the link just goes dark
         try:
             code, detected, err = job.wait(180)
@@ -58,11 +59,16 @@ def test_a_link_going_dark_ends_the_run_naming_the_node(faults, report, node):
             faults.bed.wait_ssh(cut)
         # The node that was cut off ends its container itself once its lease runs out.
         cleared = gone_within(faults, LEASE + 30)
-    assert code == 1 and detected < 60, (detected, err[-3000:])
+    # Named within the watcher's budget (README: about half a minute), and the run over soon after.
+    said = job.said(f"edgetrain: {node}: unreachable")
+    noticed = said - cut_at if said is not None else None
+    assert code == 1 and noticed is not None and noticed <= 30 and detected <= 35, \
+        (noticed, detected, job.console(cut_at)[-3000:])
     last = err.strip().splitlines()[-1]
     assert node in last and f"--resume {rid}" in last and f"-i {faults.inventory}" in last, last
     resumed = resume_completes(faults, rid)
-    report[f"fault: {node} link cut"] = (f"detected in {detected:.1f} s; its container gone {cleared:.0f} s after the CLI's exit "
+    report[f"fault: {node} link cut"] = (f"noticed in {noticed:.1f} s, the run ended {detected:.1f} s after the cut; "
+                                         f"its container gone {cleared:.0f} s after the CLI's exit "
                                          f"(lease {LEASE} s); resumed from epoch {resumed}")
 
 
@@ -213,7 +219,9 @@ def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(
             code, detected, err = job.wait(180)
         assert code == 1 and detected < 60, (detected, err[-3000:])
         last = err.strip().splitlines()[-1]
-        assert last.startswith("edgetrain: error: ") and "rank 0 on node1 failed" in last, last
+        # The one report of a full disk (as on this machine's, tests/mpi/test_disk_full.py), with the node's own path.
+        assert last.startswith(f"edgetrain: error: run {rid} failed: the disk of its run directory on node1 is full"), last
+        assert f"free disk space there ({runs_dir}/{rid}), then resume with: " in last, last
         assert f"-i {faults.inventory}" in last and f"--resume {rid}" in last, last
         assert faults.leftovers() == {}
         assert faults.run_json(rid)["status"] == "failed"
@@ -222,7 +230,7 @@ def test_a_full_disk_on_the_rank0_node_during_a_checkpoint_is_named_and_resumed(
         # left nothing - the metrics line written just before it; either is named.
         good = saved(faults, rid)
         writing = (f"while writing checkpoints/epoch-{good + 1:04d}", "while writing metrics.jsonl")
-        assert any(f"disk is full (No space left on device) {w}" in last for w in writing), last
+        assert any(f"is full (No space left on device) {w} - " in last for w in writing), last
         assert faults.node_ls("node1", f"-A {runs_dir}/{rid}/checkpoints") == [f"epoch-{e:04d}" for e in range(1, good + 1)]
         run(*mount, "rm", f"{runs_dir}/filler")
         # The epochs checkpointed before the disk filled hold some of it: how many depends on how fast

@@ -5,8 +5,10 @@ last good checkpoint, having lost at most the epoch in progress."""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ from edgetrain.shared import checkpoints, failures, runs
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.remote import Nodes
-from tests.conftest import ROOT, assert_one_line_error, edgetrain
+from tests.conftest import ROOT, assert_one_line_error, edgetrain, project_script
 
 
 pytestmark = pytest.mark.mpi
@@ -41,8 +43,8 @@ def full_disk(tmp_path):
         subprocess.run(["umount", str(where)], check=True)
 
 
-def fill(where: Path) -> Path:
-    """Fill the file system to the last byte."""
+def fill(where: Path, leave: int = 0) -> Path:
+    """Fill the file system to the last byte, then give ``leave`` bytes of it back."""
     filler = where / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -52,6 +54,8 @@ def fill(where: Path) -> Path:
                     os.write(fd, b"\0" * size)
             except OSError:
                 pass
+        if leave:
+            os.ftruncate(fd, os.fstat(fd).st_size - leave)
     finally:
         os.close(fd)
     return filler
@@ -70,16 +74,60 @@ def ranks_of(run_id: str) -> list[int]:
     return found
 
 
-def test_this_machines_disk_full_mid_run_ends_it_in_one_line_and_it_resumes(full_disk):
-    cmd = [sys.executable, "-m", "edgetrain", "run", "lenet", "--np", "2", "--epochs", "8", "--max-steps", "10",
-           "--runs-dir", str(full_disk)]
+class Order(enum.Enum):
+    """Which write meets the full disk first, and what the rank's failure leaves after it."""
+
+    RANK_THEN_ROOM = "rank-then-room"  # rank 0's checkpoint, half written: its removal leaves room for run.json again
+    RANK_THEN_FULL = "rank-then-full"  # rank 0's next write, with no byte left: run.json may not fit after it either
+    CONTROLLER = "controller"  # this machine's run.json, as training starts: the rank has written nothing yet
+
+
+# Whichever order, the same words: the only thing that differs is what was being written.
+REPORT = "failed: the disk of its run directory on {host} is full (No space left on device) while writing "
+# A script that says it is set up (its working copy made), waits for the disk to be filled, and then
+# writes nothing for a while after training starts (no TensorBoard files, slow steps, a metrics line
+# only at the epoch's end): run.json, which records what training started with, is the first of the
+# run's files to meet the full disk. The script's own prints meet it before, and are dropped.
+SET_UP = "set up, training in 5 s"
+QUIET_START = f"""
+import time
+import numpy as np
+import tensorflow as tf
+import edgetrain.callbacks as et
+
+class Slow(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.5)
+
+print("{SET_UP}", flush=True)
+time.sleep(5)
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+model.fit(np.zeros((6400, 4), "float32"), np.zeros(6400, "float32"), batch_size=64, epochs=2, verbose=0,
+          callbacks=[*et.callbacks(batch_size=64, tensorboard=False), Slow()])
+"""
+
+
+@pytest.mark.parametrize("order", list(Order), ids=[o.value for o in Order])
+def test_this_machines_disk_full_mid_run_ends_it_in_one_line_whichever_write_meets_it_first(tmp_path, full_disk, order):
+    if order is Order.CONTROLLER:
+        program = [str(project_script(tmp_path, QUIET_START)), "--np", "2"]
+    else:
+        # 40 steps an epoch: seconds of training between the disk filling and the rank's next write.
+        program = ["lenet", "--np", "2", "--epochs", "8", "--max-steps", "40"]
+    cmd = [sys.executable, "-m", "edgetrain", "run", *program, "--runs-dir", str(full_disk)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         deadline = time.monotonic() + 300
-        while not list(full_disk.glob("*/checkpoints/epoch-0001")):
+        if order is Order.CONTROLLER:
+            started = lambda: len([p for p in full_disk.glob("*/rank.*.log") if SET_UP in p.read_text()]) == 2  # noqa: E731
+        else:
+            started = lambda: list(full_disk.glob("*/checkpoints/epoch-0001"))  # noqa: E731
+        while not started():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)
-            time.sleep(0.2)
-        filler = fill(full_disk)
+            time.sleep(0.05)
+        # Rank 0's checkpoints are ~19 MB: with 8 MB left, one is half written when the disk fills.
+        filler = fill(full_disk, leave=8 * 1024 * 1024 if order is Order.RANK_THEN_ROOM else 0)
         filled = time.monotonic()
         out, err = proc.communicate(timeout=120)
         detected = time.monotonic() - filled
@@ -87,29 +135,38 @@ def test_this_machines_disk_full_mid_run_ends_it_in_one_line_and_it_resumes(full
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    run_dir = next(p for p in full_disk.iterdir() if p.is_dir())
+    run_dir = next(p.parent for p in full_disk.glob("*/run.json"))
     rid = run_dir.name
     r = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    line = assert_one_line_error(r, f"run {rid} failed", "No space left on device", f"cannot write {run_dir}/run.json",
-                                 f"--resume {rid}")
+    line = assert_one_line_error(r, f"run {rid} {REPORT.format(host=socket.gethostname())}",
+                                 f" - free disk space there ({run_dir}), then resume with: ", f"--resume {rid}")
+    writing = line.split(" while writing ", 1)[1].split(" - ", 1)[0]
     assert detected < 60, (detected, line)
     assert ranks_of(rid) == []
-    # run.json is its last whole version, never a part of one; no temporary file is left.
+    # run.json is whole: the failure where it fitted after the rank's, else its last version before.
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["id"] == rid and info["status"] == "running"
+    assert info["id"] == rid, info
     assert not list(run_dir.glob("*.tmp")) and not list((run_dir / "checkpoints").glob(".*"))
-    good = max(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("epoch-*"))
-    assert f"while writing checkpoints/epoch-{good + 1:04d}" in line or "metrics.jsonl" in line, line
+    good = max((int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("epoch-*")), default=0)
+    if order is Order.CONTROLLER:
+        assert (writing, info["status"], good) == ("run.json", "running", 0), (line, info["status"])
+    elif order is Order.RANK_THEN_ROOM:
+        assert (writing, info["status"]) == (f"checkpoints/epoch-{good + 1:04d}", "failed"), (line, info["status"])
+    else:
+        assert writing in (f"checkpoints/epoch-{good + 1:04d}", "metrics.jsonl") and info["status"] in ("running", "failed"), \
+            (line, info["status"])
 
     filler.unlink()
     listed = edgetrain("runs", "list", "--runs-dir", str(full_disk))
-    assert listed.returncode == 0 and rid in listed.stdout and "abandon" in listed.stdout, listed.stdout + listed.stderr
+    assert listed.returncode == 0 and rid in listed.stdout, listed.stdout + listed.stderr
+    if order is not Order.RANK_THEN_ROOM:
+        return  # resumed from a checkpoint below once; from none, a resume is a fresh start
     resumed = edgetrain("run", "lenet", "--np", "2", "--epochs", str(good + 1), "--max-steps", "10",
                         "--runs-dir", str(full_disk), "--resume", rid, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "completed" and info["attempts"][-1]["resumed_from_epoch"] == good
-    print(f"this machine's disk full mid-run: ended in {detected:.1f} s, resumed from epoch {good}")
+    print(f"this machine's disk full mid-run ({order.value}): ended in {detected:.1f} s, resumed from epoch {good}")
 
 
 def test_this_machines_disk_full_before_mpirun_starts_leaves_no_partial_run(tmp_path, full_disk):

@@ -153,3 +153,42 @@ def test_a_hang_is_judged_on_the_clock_without_any_look():
     time.sleep(0.1)
     watched._next(queue.Queue(), 0.01)  # nothing posted: no output, no look
     assert watched.verdict == (None, "hang: no output from any rank for 0 s (--hang-timeout)") and stopped == [True]
+def test_a_dark_link_is_noticed_within_half_a_minute_by_the_timeouts_that_decide_it():
+    # The next look, its check through the shared connection, the new connection's second opinion:
+    # wall-clock limits on processes, so a busy machine cannot stretch them (README: half a minute).
+    assert observers.DARK_LINK_NOTICED_S <= 30
+
+
+def test_no_look_begins_after_the_one_whose_verdict_ends_the_attempt():
+    """The head cut off: mpirun's stream ends (its ssh went with the link) while the watcher's look
+    at the head still waits on ssh. The monitor awaits that look's verdict, and the attempt ends
+    without a second look at the dark head (each waits on ssh again, and ending the attempt waits
+    for the look under way: 45 s where the verdict took 27)."""
+    head = HOSTS[0]
+    plan = placement.plan(Inventory(Path("inv"), HOSTS), 3)
+    looks, stopped = [], []
+
+    def states():
+        looks.append(time.monotonic())
+        time.sleep(0.6)  # ssh's timeout, then the new connection's, scaled down
+        return [SimpleNamespace(host=h, alive=h is not head, detail="unreachable: Connection timed out" if h is head else "")
+                for h in plan.hosts]
+
+    runtime = SimpleNamespace(states=states, has_nodes=True, stop=lambda: stopped.append(time.monotonic()))
+    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), log=lambda line: None)
+    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, runtime=runtime, losable={})
+    watched = monitor.Monitor(fake, lambda event: None, lambda line: None)
+    events = queue.Queue()
+    watcher = observers.Watcher(runtime, "r1", events.put, interval=0.05)
+    watched.watcher = watcher
+    found = monitor.Observers(events, SimpleNamespace(join=lambda timeout: None), watcher)
+    watcher.start()
+    while not looks:  # a look under way when mpirun ends
+        time.sleep(0.01)
+    watched.settle(255, found)
+    settled = time.monotonic()
+    found.stop()
+    ended = time.monotonic()
+    assert watched.lost.host is head and len(stopped) == 1
+    assert len(looks) == 1, looks  # none after the verdict's
+    assert ended - settled < 0.3, ended - settled  # no look under way to wait for
