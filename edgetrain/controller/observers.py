@@ -95,8 +95,11 @@ LOOK_EVERY = 2.0
 # LOOK_EVERY; its check through the node's shared connection is killed after ssh's timeout; the
 # second opinion, a new connection, after CONFIRM_TIMEOUT. Each is a wall-clock limit on a process
 # (remote.Nodes.run, remote.Nodes.answers), not a count of keepalives that a busy machine stretches.
+# Inside a Slurm allocation the look also asks Slurm which nodes it took, within SLURM_LOOK_S: a
+# controller slower than that says nothing this time (the next look asks again).
 # README promises about half a minute.
-DARK_LINK_NOTICED_S = LOOK_EVERY + remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT
+SLURM_LOOK_S = 3.0
+DARK_LINK_NOTICED_S = LOOK_EVERY + remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT + SLURM_LOOK_S
 
 
 class Watcher(threading.Thread):
@@ -161,7 +164,7 @@ class Watcher(threading.Thread):
         if self.held is None:
             return {}
         try:
-            taken = scheduler.taken([h.name for h in self.runtime.plan.hosts])
+            taken = scheduler.taken([h.name for h in self.runtime.plan.hosts], timeout=SLURM_LOOK_S)
         except EdgetrainError:
             return {}  # the controller out of reach says nothing about the nodes
         return {name: f"Slurm took it from job {self.held.job_id} ({state})" for name, state in taken.items()}

@@ -94,9 +94,9 @@ def _required() -> None:
                              "run this on the cluster's head, provisioned with edgetrain_scheduler: slurm")
 
 
-def _slurm(*argv: str, stdin: str | None = None) -> str:
+def _slurm(*argv: str, stdin: str | None = None, timeout: float | None = None) -> str:
     _required()
-    timeout = ANSWER_SECONDS
+    timeout = ANSWER_SECONDS if timeout is None else timeout
     try:
         r = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -211,14 +211,14 @@ def cancel(run_id: str, root: Path) -> Job:
     return job
 
 
-def taken(nodes: list[str]) -> dict[str, str]:
+def taken(nodes: list[str], timeout: float | None = None) -> dict[str, str]:
     """Those of ``nodes`` the scheduler no longer gives jobs (down, drained, failed), with their state."""
-    return {v.name: v.state for v in nodes_view() if v.name in nodes and not v.usable}
+    return {v.name: v.state for v in nodes_view(timeout) if v.name in nodes and not v.usable}
 
 
-def nodes_view() -> list[NodeView]:
+def nodes_view(timeout: float | None = None) -> list[NodeView]:
     """Each node as the scheduler sees it (idle, allocated, mixed, down, drained...)."""
-    out = _slurm("sinfo", "--noheader", "--Node", "--format=%N|%T")
+    out = _slurm("sinfo", "--noheader", "--Node", "--format=%N|%T", timeout=timeout)
     seen: dict[str, str] = {}
     for line in out.splitlines():
         name, bar, state = line.partition("|")

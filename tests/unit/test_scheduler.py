@@ -11,13 +11,15 @@ import shlex
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from edgetrain.controller import config as configs
 from edgetrain.controller import program as programs
-from edgetrain.controller import scheduler
+from edgetrain.controller import observers, scheduler
 from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.shared.job_options import JobOptions
 from edgetrain.shared.errors import EdgetrainError
@@ -234,3 +236,23 @@ def test_a_line_of_sinfo_that_is_not_a_node_and_its_state_is_left_out(slurm):
     slurm.save(s)
     assert scheduler.nodes_view() == [scheduler.NodeView("n1", "idle"), scheduler.NodeView("n2", "down*")]
     assert scheduler.taken(["n1", "n2"]) == {"n2": "down*"}
+
+
+
+def test_the_watchers_question_to_slurm_keeps_within_the_dark_link_budget(slurm):
+    """Inside an allocation each look also asks sinfo which nodes Slurm took: a controller slower
+    than the look's share of DARK_LINK_NOTICED_S says nothing this time, rather than hold up the
+    verdict on a dark node (with Slurm's usual 60 s, half a minute became a minute and a half)."""
+    s = slurm.load()
+    s["nodes"], s["sleep"] = {"n2": "down*"}, {"sinfo": 10}
+    slurm.save(s)
+    runtime = SimpleNamespace(plan=SimpleNamespace(hosts=[SimpleNamespace(name="n2")]))
+    watcher = observers.Watcher(runtime, "r1", lambda event: None)
+    watcher.held = SimpleNamespace(job_id="4242")
+    started = time.monotonic()
+    assert watcher._taken() == {}
+    assert time.monotonic() - started < observers.SLURM_LOOK_S + 2
+    assert observers.DARK_LINK_NOTICED_S <= 30
+    s["sleep"] = {}
+    slurm.save(s)
+    assert watcher._taken() == {"n2": "Slurm took it from job 4242 (down*)"}
