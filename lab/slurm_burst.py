@@ -221,7 +221,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
         return Outcome(jobs, "", victim, "not submitted", problems or ["the victim was not submitted"], [])
     out = dirs[victim.user] / f".slurm-{pwd.getpwnam(victim.user).pw_uid}" / f"slurm-{victim.id}.out"
     record = dirs[victim.user] / victim.run / "run.json"
-    taken, down_at, back_at = "", None, None
+    taken, down_at, back_at, fault = "", None, None, ""
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -241,7 +241,9 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
             if taken and back_at is None and (state in ENDED or _attempts(record) > 1):
                 scontrol(bed, "update", f"nodename={taken}", "state=resume")
                 back_at = time.monotonic()
-                log(f"{taken} back after {back_at - down_at:.0f} s: job {victim.id} {'restarted' if state not in ENDED else state}")
+                fault = (f"{taken} down for {back_at - down_at:.0f} s: job {victim.id} "
+                         f"{'restarted on the nodes left' if state not in ENDED else state} by then; resumed it")
+                log(fault)
             if all(j.slurm.get("JobState") in ENDED for j in jobs):
                 break
             if time.monotonic() > deadline:
@@ -276,6 +278,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
         if not rec.get("ended"):
             continue
         spans += held(rec)
+        job.nodelist = job.nodelist or job.slurm.get("NodeList", "")  # ran between two looks
         allocated = set(_hostnames(job.nodelist))
         ran = {h.node for h in held(rec)}
         if not ran <= allocated:
@@ -284,10 +287,11 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
                            "-i", inventories[job.user])
         if got.returncode != 0 or "verified" not in got.stdout:
             problems.append(f"collect {job.run} ({job.user}): {(got.stdout + got.stderr).strip()[-300:]}")
-    for a, b in overlaps(spans):
+    both = overlaps(spans)
+    for a, b in both:
         problems.append(f"{a.node} held by {a.run} ({a.start:%H:%M:%S}-{a.end:%H:%M:%S}) and {b.run} "
                         f"({b.start:%H:%M:%S}-{b.end:%H:%M:%S}) at once")
-    lines = summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans))
+    lines = summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans), len(both)) + [fault]
     for line in lines:
         log(line)
     return Outcome(jobs, taken, victim, victim_outcome, problems, lines)
@@ -304,7 +308,7 @@ def _attempts(record: Path) -> int:
         return 0
 
 
-def summary(jobs: list[Job], nodes: int, taken: str, victim: Job, victim_outcome: str, spans: int) -> list[str]:
+def summary(jobs: list[Job], nodes: int, taken: str, victim: Job, victim_outcome: str, spans: int, twice: int) -> list[str]:
     """One line a job, then the drain time against the jobs' run times."""
     done = [j for j in jobs if j.slurm.get("StartTime", "Unknown") != "Unknown" and j.slurm.get("EndTime", "Unknown") != "Unknown"]
     lines = [f"{'job':>5} {'user':<10} {'nodes':>5} {'where':<12} {'queued s':>8} {'ran s':>6} state"]
@@ -323,7 +327,7 @@ def summary(jobs: list[Job], nodes: int, taken: str, victim: Job, victim_outcome
         f"queue drained in {drain:.0f} s; the jobs ran {run_sum:.0f} s in all ({run_sum / drain:.2f}x the drain), "
         f"{node_sum:.0f} node-seconds: {100 * node_sum / (nodes * drain):.0f}% of {nodes} nodes over the drain",
         f"{taken or 'no node'} taken from job {victim.id} ({victim.planned.nodes} nodes): {victim_outcome}",
-        f"no node held two runs at once ({spans} node-spans from the runs' run.json)",
+        f"{twice} times a node held two runs at once, in {spans} node-spans from the runs' run.json",
     ]
     return lines
 
