@@ -181,6 +181,20 @@ def user_inventory(bed: Testbed, inventory: str, user: str) -> str:
     return str(path)
 
 
+def queue_is_theirs(bed: Testbed, user: str, runs: Path, mine: set[tuple[str, str]]) -> str:
+    """What is wrong with ``user``'s queue as edgetrain reads it (squeue --me, by the job ids
+    submit recorded): a job not theirs, a warning; "" when it lists their own jobs only."""
+    listed = edgetrain_as(bed, user, runs, "runs", "list", "--json")
+    try:
+        queue = {(q["user"], q["job_id"], q["run_id"]) for q in json.loads(listed.stdout)["slurm"]}
+    except (ValueError, KeyError, TypeError):
+        return f"{user}'s runs list is not its JSON: {(listed.stdout + listed.stderr).strip()[-200:]}"
+    strange = queue - {(user, job, run) for job, run in mine}
+    if listed.returncode != 0 or listed.stderr or strange:
+        return f"{user}'s runs list: {sorted(strange)} not theirs; {listed.stderr.strip()[-200:]}"
+    return ""
+
+
 @dataclass
 class Outcome:
     jobs: list[Job]
@@ -219,6 +233,10 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     victim = jobs[plan.victim]
     if problems or not victim.id:
         return Outcome(jobs, "", victim, "not submitted", problems or ["the victim was not submitted"], [])
+    # Each user's view of the queue, read while the burst goes on (the watch below must not wait for it).
+    listing = ThreadPoolExecutor(1)
+    views = [listing.submit(queue_is_theirs, bed, u, dirs[u], {(j.id, j.run) for j in jobs if j.user == u}) for u in users]
+    listing.shutdown(wait=False)
     out = dirs[victim.user] / f".slurm-{pwd.getpwnam(victim.user).pw_uid}" / f"slurm-{victim.id}.out"
     record = dirs[victim.user] / victim.run / "run.json"
     taken, down_at, back_at, fault = "", None, None, ""
@@ -256,6 +274,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
             scontrol(bed, "update", f"nodename={taken}", "state=resume")
     if not taken:
         problems.append(f"job {victim.id} ended before its first epoch was seen: no node was taken")
+    problems += [view.result() for view in views if view.result()]
 
     spans: list[Held] = []
     victim_outcome = ""
