@@ -136,9 +136,10 @@ class Job:
         return (datetime.fromisoformat(self.slurm[end]) - datetime.fromisoformat(self.slurm[start])).total_seconds()
 
 
-def slurm_jobs(bed: Testbed) -> dict[str, dict[str, str]]:
-    """Every job Slurm's controller holds (finished ones too, for MinJobAge), by id."""
-    r = subprocess.run(["scontrol", "--oneliner", "show", "job"], capture_output=True, text=True, timeout=60,
+def slurm_jobs(bed: Testbed, *only: str) -> dict[str, dict[str, str]]:
+    """Every job Slurm's controller holds (finished ones too, for MinJobAge: 300 s), or ``only``
+    one, by id."""
+    r = subprocess.run(["scontrol", "--oneliner", "show", "job", *only], capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", **bed.state.slurm_env})
     if r.returncode != 0 and "No jobs" not in r.stderr + r.stdout:
         raise RuntimeError(f"scontrol show job: {r.stderr.strip()}")

@@ -58,11 +58,7 @@ class Users:
 
 
 def scontrol_job(bed, job: str) -> dict[str, str]:
-    """The job as Slurm's controller holds it (finished jobs too, for MinJobAge: 300 s)."""
-    r = subprocess.run(["scontrol", "--oneliner", "show", "job", job], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", **bed.state.slurm_env})
-    assert r.returncode == 0, r.stderr
-    return dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    return slurm_burst.slurm_jobs(bed, job)[job]
 
 
 def wait_for(what: str, predicate, timeout: float = 600, every: float = 1.0):
