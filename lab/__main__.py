@@ -1,4 +1,4 @@
-"""python -m lab up|emulate|cpu|bench|slurm|status|down: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from . import slurm_burst
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, calibrate, machine_cores, parse_profile
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
                       "so a running test session keeps its own)")
     slurm = sub.add_parser("slurm", help="start Slurm's daemons in a testbed site.yml provisioned, and print SLURM_CONF")
     slurm.add_argument("id")
+    burst = sub.add_parser("slurm-burst", help="three users submit twelve short jobs to a provisioned testbed's Slurm at once, "
+                           "one node is set down mid-burst; checks and times the queue's drain (slurm_burst.py)")
+    burst.add_argument("id")
+    burst.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node")
+    burst.add_argument("--seed", type=int, default=1, help="draws who submits what, of how many nodes, and which job loses a node")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -127,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         bed = load(args.id)
         bed.slurm_up()
         print(" ".join(f"{k}={v}" for k, v in bed.state.slurm_env.items()))
+    elif args.cmd == "slurm-burst":
+        load(args.id)
+        return slurm_burst.run_on(args.id, args.inventory, args.seed)
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)

@@ -156,6 +156,8 @@ class State:
     owner_started: int | None = None
     # Slurm (slurm_up): the one munged all nodes share, as they share /run's file system here.
     munged_pid: int | None = None
+    # More users of the nodes (add_user), as people sharing a cluster are; each removed by down.
+    users: list[str] = field(default_factory=list)
 
     @property
     def in_use(self) -> bool:
@@ -434,9 +436,45 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
                 raise RuntimeError(f"Slurm's nodes are not idle after {timeout:.0f} s: {r.stdout}{r.stderr}")
             time.sleep(0.5)
 
+    def add_user(self, name: str) -> None:
+        """Another user of every node, made as the login user is (one /etc/passwd, a home private
+        to each node): it logs in with the testbed's key and holds a copy of it to reach the nodes
+        as the login user, as a person's own key would. Not root, no sudo."""
+        s = self.state
+        if _user_exists(name):
+            raise RuntimeError(f"user {name} exists already: the testbed makes its own users")
+        s.users.append(name)  # recorded before it exists, so that down removes it whatever follows
+        s.save()
+        run("useradd", "--no-create-home", "--home-dir", f"/home/{name}", "--shell", "/bin/bash", "--user-group", name)
+        for n in s.nodes:
+            self.ssh(n, f"install -d -o {name} -g {name} -m 0700 /home/{name} /home/{name}/.ssh && "
+                        f"install -o {name} -g {name} -m 0600 {n.dir}/root_authorized_keys /home/{name}/.ssh/authorized_keys")
+        self.give_key(name)
+
+    def give_key(self, name: str) -> str:
+        """A copy of the nodes' key in ``name``'s home on every node (a job may start on any of
+        them), for an inventory of that user's to name; its path."""
+        key = f"/home/{name}/.ssh/id_ed25519"
+        for n in self.state.nodes:
+            self.ssh(n, f"install -o {name} -g {name} -m 0600 {self.state.key} {key}")
+        return key
+
+    def remove_user(self, name: str) -> None:
+        """Undo add_user: its homes in the nodes, then the user."""
+        s = self.state
+        for n in s.nodes:
+            if n.sshd_pid and _alive(n.sshd_pid):
+                self.ssh(n, f"rm -rf /home/{name}", check=False)
+        if _user_exists(name):
+            run("userdel", name, check=False)
+        s.users.remove(name)
+        s.save()
+
     def down(self) -> None:
         """Remove exactly what state.json records; safe to call on a half-built testbed."""
         s = self.state
+        for name in list(s.users):
+            self.remove_user(name)
         daemons = [s.emulator_pid, s.munged_pid] + [pid for n in s.nodes for pid in (n.dockerd_pid, n.sshd_pid)]
         _stop(*filter(None, daemons))
         for n in s.nodes:

@@ -13,25 +13,21 @@ which every node shares whoever holds it.
 from __future__ import annotations
 
 import json
+import os
 import re
-import shlex
 import subprocess
-import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import edgetrain
+from lab import slurm_burst
 
-from .conftest import ROOT, Cluster
+from .conftest import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 STEPS = ["--epochs", "1", "--max-steps", "30"]
-SUBMITTED = re.compile(r"^run (\S+): Slurm job (\d+)$", re.M)
 
 
 class Users:
@@ -44,41 +40,25 @@ class Users:
         self.inventory = cluster.docker_inventory("slurm.yml", head_slots=1)
         # The login user's own copy of the nodes' key and an inventory naming it: a user's job
         # reaches the nodes with that user's credentials.
-        head = bed.head
-        key = f"{bed.login_home}/.ssh/id_ed25519"
-        cluster.bed.ssh(head, f"install -o {self.login} -g {self.login} -m 0600 {bed.key} {key}")
-        inv = yaml.safe_load(Path(self.inventory).read_text())
-        inv["all"]["vars"]["ansible_ssh_private_key_file"] = key
-        self.login_inventory = str(Path(self.inventory).with_name("slurm-login.yml"))
-        Path(self.login_inventory).write_text(yaml.safe_dump(inv, sort_keys=False))
-        self.runs = {"root": cluster.runs, self.login: Path(bed.dir) / f"runs-{self.login}"}
-        self.runs[self.login].mkdir(mode=0o700)
-        subprocess.run(["chown", f"{self.login}:{self.login}", str(self.runs[self.login])], check=True)
+        self.login_inventory = slurm_burst.user_inventory(cluster.bed, self.inventory, self.login)
+        self.runs = {"root": cluster.runs, self.login: slurm_burst.runs_dir(cluster.bed, self.login)}
 
     def on_head(self, user: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         """`edgetrain ARGS` as ``user`` in a login shell on node1, the cluster's head."""
-        bed = self.c.bed
         inv = self.inventory if user == "root" else self.login_inventory
         args = tuple(inv if a == "INVENTORY" else a for a in args)
-        command = (f"cd {ROOT} && export {' '.join(f'{k}={shlex.quote(v)}' for k, v in bed.state.slurm_env.items())} "
-                   f"EDGETRAIN_RUNS={shlex.quote(str(self.runs[user]))} COLUMNS=250 && "
-                   f"{shlex.join([sys.executable, '-m', 'edgetrain', *args])}")
-        return subprocess.run(bed.ssh_argv(bed.state.head, user=user) + [command], capture_output=True, text=True, timeout=timeout)
+        return slurm_burst.edgetrain_as(self.c.bed, user, self.runs[user], *args, timeout=timeout)
 
     def submit(self, user: str, *args: str) -> tuple[str, str]:
         r = self.on_head(user, "submit", *args)
         assert r.returncode == 0, r.stdout + r.stderr
-        m = SUBMITTED.search(r.stdout)
+        m = slurm_burst.SUBMITTED.search(r.stdout)
         assert m, r.stdout
         return m.group(1), m.group(2)
 
 
 def scontrol_job(bed, job: str) -> dict[str, str]:
-    """The job as Slurm's controller holds it (finished jobs too, for MinJobAge: 300 s)."""
-    r = subprocess.run(["scontrol", "--oneliner", "show", "job", job], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", **bed.state.slurm_env})
-    assert r.returncode == 0, r.stderr
-    return dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    return slurm_burst.slurm_jobs(bed, job)[job]
 
 
 def wait_for(what: str, predicate, timeout: float = 600, every: float = 1.0):
@@ -202,3 +182,19 @@ def test_a_node_slurm_takes_away_is_a_lost_node_and_the_run_resumes_without_it(u
     assert len(record["attempts"]) == 2 and "node3" in record["attempts"][1]["excluded"], record["attempts"]
     assert [h["host"] for h in record["placement"]["hosts"]] == ["node1", "node2"], record["placement"]
     wait_for("no container on any node", lambda: c.leftovers() == {}, timeout=120)
+
+
+@pytest.mark.bench
+def test_a_burst_of_twelve_jobs_from_three_users_drains_with_a_node_taken(users, report):
+    """`python -m lab slurm-burst` on this cluster (EDGETRAIN_BURST_SEED, default 1): three users
+    (the login user and two made for it), twelve jobs of 1-3 nodes at once, a node set down under
+    a multi-node job mid-burst. Every run completes or fails naming the node, collects, and held
+    its nodes alone, read from the runs' records."""
+    bed = users.c.bed
+    with slurm_burst.three_users(bed) as three:
+        outcome = slurm_burst.burst(bed, users.inventory, three, int(os.environ.get("EDGETRAIN_BURST_SEED", "1")))
+    for line in outcome.lines:
+        report["slurm burst"] = line
+    assert outcome.problems == [], "\n".join(outcome.problems)
+    assert bed.state.users == []
+    wait_for("no container on any node", lambda: users.c.leftovers() == {}, timeout=120)
