@@ -1,5 +1,5 @@
-"""Do TensorFlow's parameter-server tasks of x86_64 and aarch64 work together? (docs/cli.md, tf-ps,
-"Architectures"). A measurement, not a test: it needs an arm64 Debian root holding TensorFlow,
+"""Do TensorFlow's parameter-server tasks of x86_64 and aarch64 work together? (docs/scaling-history.md,
+"Parameter-server tasks across architectures"). A measurement, not a test: it needs an arm64 Debian root holding TensorFlow,
 run through qemu as a Pi 4's CPU (Cortex-A72), and an x86_64 machine with this checkout's
 environment. The chief always runs here, with oneDNN forced on, the case feared: the functions
 an x86_64 coordinator optimises are what its workers run.

@@ -54,7 +54,7 @@ TARGET = os.environ.get("EDGETRAIN_TORCHRUN_TARGET")
 HOLDOUT, BATCH = 6000, 64  # BATCH: the script's own default
 EPOCHS = "2" if TARGET is None else os.environ.get("EDGETRAIN_TORCHRUN_EPOCHS", "6")
 FIRST_STEP = f"epoch 1/{EPOCHS} step 1/"  # rank 0's first progress line begins so
-# torch 1.13 (the CUDA image's) can deadlock as a DDP script returns (docs/cli.md); edgetrain keeps
+# torch 1.13 (the CUDA image's) can deadlock as a DDP script returns (docs/scaling-history.md); edgetrain keeps
 # the process groups so it cannot, torchrun does not, and a hung rank would stall the race for half an hour.
 HUNG_AFTER_S = 120
 
