@@ -361,6 +361,7 @@ class SyncEvery:
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's outer momentum, and the anchor from the model just restored."""
         # None or empty: a checkpoint of no outer momentum, which leaves this one as it is.
-        for m, saved in zip(self.momentum, state.get("momentum") or self.momentum, strict=True):
+        # A checkpoint taken with outer momentum, resumed without it: this run keeps none.
+        for m, saved in zip(self.momentum, state.get("momentum") or self.momentum, strict=False):
             m.copy_(saved)
         self._anchor()

@@ -139,7 +139,7 @@ class Job:
 def slurm_jobs(bed: Testbed, *only: str) -> dict[str, dict[str, str]]:
     """Every job Slurm's controller holds (finished ones too, for MinJobAge: 300 s), or ``only``
     one, by id."""
-    r = subprocess.run(["scontrol", "--oneliner", "show", "job", *only], capture_output=True, text=True, timeout=60,
+    r = subprocess.run(["scontrol", "--oneliner", "show", "job", *only], capture_output=True, text=True, timeout=60, check=False,
                        env={"PATH": "/usr/bin:/bin", **bed.state.slurm_env})
     if r.returncode != 0 and "No jobs" not in r.stderr + r.stdout:
         raise RuntimeError(f"scontrol show job: {r.stderr.strip()}")
@@ -161,7 +161,7 @@ def edgetrain_as(bed: Testbed, user: str, runs: Path, *args: str, node=None, tim
     command = (f"cd {ROOT} && export {' '.join(f'{k}={shlex.quote(v)}' for k, v in bed.state.slurm_env.items())} "
                f"EDGETRAIN_RUNS={shlex.quote(str(runs))} COLUMNS=250 && "
                f"{shlex.join([sys.executable, '-m', 'edgetrain', *args])}")
-    return subprocess.run(bed.ssh_argv(node or bed.state.head, user=user) + [command], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*bed.ssh_argv(node or bed.state.head, user=user), command], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def runs_dir(bed: Testbed, user: str) -> Path:
@@ -257,7 +257,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
                 scontrol(bed, "update", f"nodename={taken}", "state=down", f"reason=slurm-burst seed {seed}")
                 down_at = time.monotonic()
                 log(f"{taken} set down under job {victim.id} ({victim.user}, {victim.nodelist})")
-            if taken and back_at is None and (state in ENDED or _attempts(record) > 1):
+            if taken and down_at is not None and back_at is None and (state in ENDED or _attempts(record) > 1):
                 scontrol(bed, "update", f"nodename={taken}", "state=resume")
                 back_at = time.monotonic()
                 fault = (f"{taken} down for {back_at - down_at:.0f} s: job {victim.id} "
@@ -311,7 +311,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     for a, b in both:
         problems.append(f"{a.node} held by {a.run} ({a.start:%H:%M:%S}-{a.end:%H:%M:%S}) and {b.run} "
                         f"({b.start:%H:%M:%S}-{b.end:%H:%M:%S}) at once")
-    lines = summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans), len(both)) + [fault]
+    lines = [*summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans), len(both)), fault]
     for line in lines:
         log(line)
     return Outcome(jobs, taken, victim, victim_outcome, problems, lines)

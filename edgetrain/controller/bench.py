@@ -539,7 +539,7 @@ class Bench:
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
-                                    for host, t in zip(self.left, alongside, strict=True)))
+                                    for host, t in zip(self.left, alongside, strict=False)))  # the first n of them
                     self.save()
                 if n > 1 and req.sync_candidates:
                     self.try_syncs(n, attempt)

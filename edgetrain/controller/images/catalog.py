@@ -68,7 +68,7 @@ def list_images(inventory: Inventory) -> list[NodeImage]:
             node_docker(host, ["image", "inspect", "--format", "{{.Id}} {{.Architecture}} {{.Created}}", *tags]),
             f"inspecting images on {host.name}",
         ).stdout.splitlines()
-        for tag, line in zip(tags, out, strict=True):
+        for tag, line in zip(tags, out, strict=False):  # what the node's engine printed, no more
             image_id, arch, created = line.split(" ", 2)
             rows.append(NodeImage(host.name, tag, image_id, arch, created))
     return rows
