@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,7 +31,7 @@ RESULT = re.compile(r"^batches (\S+) weighted (\S+) unweighted (\S+)$", re.M)
 def inventory(cluster, mixed) -> str:
     """The nodes as a container cluster, one slot each, written while they emulate their boards."""
     path = cluster.docker_inventory("mixed.yml", head_slots=1)
-    hosts = yaml.safe_load(open(path))["all"]["children"]["cluster"]["children"]["rpi"]["hosts"]
+    hosts = yaml.safe_load(Path(path).read_text())["all"]["children"]["cluster"]["children"]["rpi"]["hosts"]
     assert {h: (v["edgetrain_model"], v["edgetrain_speed"]) for h, v in hosts.items()} == {
         "node1": ("pi5", 500), "node2": ("pi4", 250), "node3": ("pi4", 250)}, hosts
     return path
