@@ -10,7 +10,7 @@ import time
 from . import slurm_burst
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
-from .emulation import DEFAULT_PERIOD_US, calibrate, machine_cores, parse_profile
+from .emulation import DEFAULT_PERIOD_US, Emulation, calibrate, machine_cores, overcommit, parse_profile
 from .testbed import DEFAULT_ROOT, Testbed
 
 
@@ -23,23 +23,39 @@ ALONE_HELP = ("calibrate with no other node training beside the calibration, and
               "(by default idle nodes train a stand-in: emulated nodes share this machine's cores and caches)")
 
 
-def pi4(profile: str, period_us: int, comm: str = "pi-core", neighbours: int = 0):
-    """The calibrated quota for a profile (measured once per machine, then read from the cache)."""
+PROFILES_HELP = ("pi4 (250 LeNet img/s), pi4-slow (150), pi4-fast (400), pi5 (500: assumed twice a Pi 4, not measured) "
+                 "or MODEL:IMG_PER_SEC (a measured board's figure); one for every node, or one per node, comma-separated, "
+                 "for a mixed cluster (pi5,pi4,pi4); each calibrated on this machine")
+
+
+def boards(spec: str, nodes: int, period_us: int, comm: str = "pi-core", alone: bool = False) -> list[Emulation]:
+    """The calibrated quota of each node's board (measured once per machine and rate, then read
+    from the cache): ``spec`` one profile for every node, or one per node, comma-separated."""
+    profiles = spec.split(",")
+    if len(profiles) not in (1, nodes):
+        raise SystemExit(f"{len(profiles)} profiles ({spec}) for {nodes} nodes: give one, or one per node")
     try:
-        rate = parse_profile(profile)
+        wanted = [parse_profile(p) for p in profiles]
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    made: dict[tuple[str, float], Emulation] = {}
     try:
-        return calibrate(rate, "edgetrain-calibration", period_us=period_us, cache=DEFAULT_ROOT / "calibration.json",
-                         comm=COMM_CHOICES[comm], neighbours=neighbours, log=lambda line: print(line, file=sys.stderr))
+        for model, rate in wanted:
+            if (model, rate) not in made:
+                made[model, rate] = calibrate(rate, "edgetrain-calibration", model=model, period_us=period_us,
+                                              cache=DEFAULT_ROOT / "calibration.json", comm=COMM_CHOICES[comm],
+                                              neighbours=0 if alone else nodes - 1, log=lambda line: print(line, file=sys.stderr))
     except RuntimeError as e:  # the search did not converge
         raise SystemExit(str(e)) from None
+    return [made[w] for w in wanted] * (nodes // len(wanted))
 
 
-def emulate(bed: Testbed, emulation) -> None:
-    """``bed.emulate``, saying so where this machine cannot give every node its CPU at once."""
+def emulate(bed: Testbed, emulation: list[Emulation] | None) -> None:
+    """``bed.emulate``, its inventory rewritten to name each node's board and speed, saying so where
+    this machine cannot give every node its CPU at once."""
     bed.emulate(emulation)
-    overcommitted = emulation and emulation.overcommit(len(bed.state.nodes), machine_cores())
+    bed.write_inventory()
+    overcommitted = emulation and overcommit(emulation, machine_cores())
     if overcommitted:
         print(f"warning: {overcommitted}", file=sys.stderr)
 
@@ -50,9 +66,10 @@ def cpu_window(bed: Testbed, seconds: float) -> dict[str, dict[str, float]]:
     before = bed.cpu_stat()
     time.sleep(seconds)
     after = bed.cpu_stat()
-    emulation = bed.state.emulation or {}
+    emulations = {n.name: n.emulation or {} for n in bed.state.nodes}
     out = {}
     for node, a in after.items():
+        emulation = emulations[node]
         b = before[node]
         row = {"cores": (a["usage_ns"] - b["usage_ns"]) / 1e9 / seconds,
                "throttled": (a["nr_throttled"] - b["nr_throttled"]) / max(1, a["nr_periods"] - b["nr_periods"])}
@@ -77,17 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="create a testbed and print its id and inventory")
-    up.add_argument("-n", "--nodes", type=int, default=3)
+    up.add_argument("-n", "--nodes", type=int, help="how many (default: one per --emulate profile where several are given, else 3)")
     up.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
     up.add_argument("--docker", action="store_true", help="start a Docker engine in every node")
-    up.add_argument("--emulate", metavar="PROFILE", help="give every node a Raspberry Pi 4's CPU: pi4 (250 img/s), "
-                    "pi4-slow (150), pi4-fast (400) or pi4:IMG_PER_SEC; calibrated on this machine")
+    up.add_argument("--emulate", metavar="PROFILES", help="give the nodes a Raspberry Pi's CPU: " + PROFILES_HELP)
     up.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="CFS period of the emulated nodes' quota")
     up.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     up.add_argument("--alone", action="store_true", help=ALONE_HELP)
     emu = sub.add_parser("emulate", help="change (or, with 'off', lift) the CPU emulation of a testbed")
     emu.add_argument("id")
-    emu.add_argument("profile", help="pi4, pi4-slow, pi4-fast, pi4:IMG_PER_SEC or off")
+    emu.add_argument("profile", help=PROFILES_HELP + "; or off")
     emu.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US)
     emu.add_argument("--comm", choices=COMM_CHOICES, default="pi-core", help=COMM_HELP)
     emu.add_argument("--alone", action="store_true", help=ALONE_HELP)
@@ -112,15 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.cmd == "up":
-        emulation = pi4(args.emulate, args.period_us, args.comm, 0 if args.alone else args.nodes - 1) if args.emulate else None
-        bed = Testbed.create(args.nodes, shape=not args.no_shape, docker=args.docker)
+        nodes = args.nodes or (len(args.emulate.split(",")) if args.emulate and "," in args.emulate else 3)
+        emulation = boards(args.emulate, nodes, args.period_us, args.comm, args.alone) if args.emulate else None
+        bed = Testbed.create(nodes, shape=not args.no_shape, docker=args.docker)
         emulate(bed, emulation)
         print(json.dumps(bed.status(), indent=2))
     elif args.cmd == "emulate":
         bed = load(args.id)
-        busy = 0 if args.alone else len(bed.state.nodes) - 1
-        emulate(bed, None if args.profile == "off" else pi4(args.profile, args.period_us, args.comm, busy))
-        print(json.dumps(bed.state.emulation))
+        emulate(bed, None if args.profile == "off" else boards(args.profile, len(bed.state.nodes), args.period_us, args.comm, args.alone))
+        print(json.dumps({n.name: n.emulation for n in bed.state.nodes}))
     elif args.cmd == "down":
         for tid in args.ids or Testbed.recorded():
             bed = load(tid)

@@ -1,4 +1,4 @@
-"""Raspberry Pi 4 emulation: a CPU quota per testbed node, calibrated on this machine.
+"""Raspberry Pi emulation: a CPU quota per testbed node, calibrated on this machine.
 
 Each node's sshd (so everything Hydra starts there) and its Docker engine's containers live in a
 cgroup-v1 ``cpu`` group of the node's own (``/sys/fs/cgroup/cpu/<testbed>-nN``); emulating a Pi
@@ -17,6 +17,9 @@ kernel's smallest quota is 1 ms, so a rate that needs less at the requested peri
 147 img/s at 10 ms here) is calibrated at a period twice as long, and the period used is recorded
 with the quota. Results are kept per machine (CPU model, core count, period, TensorFlow) in
 ``<testbed root>/calibration.json``, so a later ``up --emulate`` reuses them; a real Pi's figure replaces the target with one number.
+
+A mixed cluster (a Pi 5 beside Pi 4s) is nodes calibrated to different rates, each as above: the
+rate is all that tells the boards apart here.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -41,8 +45,17 @@ from .cpugroup import CpuGroup, own_cap
 SEED = Path(__file__).with_name("seed_lenet.py")
 ROOT = Path(__file__).resolve().parents[1]
 
-# img/s of one Pi 4 training LeNet at batch 64 (the seed recipe), by profile; 250 is the default.
-PI4_RATES = {"pi4": 250.0, "pi4-slow": 150.0, "pi4-fast": 400.0}
+# img/s of one Pi 4 training LeNet at batch 64 (the seed recipe): the default board.
+PI4_RATE = 250.0
+# ASSUMED, not measured: no Pi 5 was measured here. A Pi 5 (Cortex-A76 at 2.4 GHz) is commonly
+# measured at 2-3x a Pi 4's CPU throughput; its emulation takes the low end, twice a Pi 4's rate.
+# Its communication threads get the same Pi core's worth as a Pi 4's (comm_core.py): no faster
+# copy was measured either. A real Pi 5's figure replaces it (pi5:IMG_PER_SEC).
+PI5_OVER_PI4 = 2.0
+# The boards a node can emulate: the model an inventory names (edgetrain_model), and its default rate.
+MODELS = {"pi4": PI4_RATE, "pi5": PI5_OVER_PI4 * PI4_RATE}
+# Named profiles, by rate; any model's own name is one too.
+RATES = {**MODELS, "pi4-slow": 150.0, "pi4-fast": 400.0}
 DEFAULT_PERIOD_US = 10_000
 # How long a calibration holds: this machine's speed drifts 10-20% an hour, and a suite that read
 # a quota cached seven hours before found the machine training a fifth slower than calibrated.
@@ -53,7 +66,7 @@ MIN_QUOTA_US = 1_000
 
 @dataclass
 class Emulation:
-    profile: str  # e.g. "pi4" or "pi4:150"
+    profile: str  # the board and its rate: "pi4:250", "pi4:150", "pi5:500"
     images_per_sec: float
     period_us: int
     quota_us: int
@@ -63,6 +76,11 @@ class Emulation:
     neighbours: int = 0
 
     @property
+    def model(self) -> str:
+        """The board emulated, as an inventory names it (``edgetrain_model``)."""
+        return self.profile.partition(":")[0]
+
+    @property
     def cores(self) -> float:
         return self.quota_us / self.period_us
 
@@ -70,32 +88,43 @@ class Emulation:
     def comm_cores(self) -> float | None:
         return self.comm_quota_us / self.period_us if self.comm_quota_us else None
 
-    def overcommit(self, nodes: int, cores: float) -> str | None:
-        """Why ``nodes`` such nodes cannot all have their CPU at once on ``cores`` cores, or None when
-        they can. A node training may use its quota and its communication group's together (idle
-        nodes train stand-ins under the optimistic bracket); beyond the machine's cores the nodes
-        wait for each other, and every figure at more nodes leans low, by more than the brackets
-        differ (a fashion bench at 3 nodes that asked 2.7 of 2 cores measured E(N) 21-27 points
-        under its prediction, and under the pessimistic bracket's)."""
-        asked = nodes * (self.cores + (self.comm_cores or 0))
-        if asked <= cores:
-            return None
-        return (f"{nodes} emulated nodes ask {asked:.2f} of this machine's {cores:g} cores "
-                f"({self.cores:.3f} each{f' + {self.comm_cores:.3f} for communication' if self.comm_cores else ''}): "
-                "figures at more nodes lean low")
+    @property
+    def asked(self) -> float:
+        """The cores a node may use at once: training its quota and communication its own group's."""
+        return self.cores + (self.comm_cores or 0)
 
 
-def parse_profile(spec: str) -> float:
-    """``pi4`` (250 img/s), ``pi4-slow``, ``pi4-fast``, or ``pi4:RATE`` for a measured Pi's figure."""
+def overcommit(boards: Sequence[Emulation], cores: float) -> str | None:
+    """Why nodes emulating ``boards`` (one each) cannot all have their CPU at once on ``cores``
+    cores, or None when they can. A node training may use its quota and its communication group's
+    together (idle nodes train stand-ins under the optimistic bracket); beyond the machine's cores
+    the nodes wait for each other, and every figure at more nodes leans low, by more than the
+    brackets differ (a fashion bench at 3 nodes that asked 2.7 of 2 cores measured E(N) 21-27
+    points under its prediction, and under the pessimistic bracket's)."""
+    asked = sum(b.asked for b in boards)
+    if asked <= cores:
+        return None
+    kinds = list({b.profile: b for b in boards}.values())
+    each = "; ".join((f"{b.model}: " if len(kinds) > 1 else "") + f"{b.cores:.3f} each"
+                     + (f" + {b.comm_cores:.3f} for communication" if b.comm_cores else "") for b in kinds)
+    return f"{len(boards)} emulated nodes ask {asked:.2f} of this machine's {cores:g} cores ({each}): figures at more nodes lean low"
+
+
+def parse_profile(spec: str) -> tuple[str, float]:
+    """The board and its img/s: ``pi4`` (250), ``pi4-slow`` (150), ``pi4-fast`` (400), ``pi5``
+    (500, assumed: PI5_OVER_PI4), or ``MODEL:RATE`` for a measured board's figure (``pi4:230``)."""
+    if spec in RATES:
+        return spec.partition("-")[0], RATES[spec]
     name, _, rate = spec.partition(":")
-    if name != "pi4":
-        if spec in PI4_RATES:
-            return PI4_RATES[spec]
-        raise ValueError(f"unknown emulation {spec!r}: use pi4, pi4-slow, pi4-fast or pi4:IMG_PER_SEC")
-    value = float(rate) if rate else PI4_RATES["pi4"]
+    if name not in MODELS:
+        raise ValueError(f"unknown emulation {spec!r}: use {', '.join(RATES)} or MODEL:IMG_PER_SEC ({', '.join(MODELS)})")
+    try:
+        value = float(rate)
+    except ValueError:
+        value = 0.0
     if not 1 <= value <= 100_000:
-        raise ValueError(f"{spec!r}: the rate must be a Pi's img/s (e.g. pi4:250)")
-    return value
+        raise ValueError(f"{spec!r}: the rate must be a Pi's img/s (e.g. {name}:{MODELS[name]:g})")
+    return name, value
 
 
 def _machine_key(period_us: int, comm: bool, neighbours: int) -> str:
@@ -339,16 +368,16 @@ def _still_holds(cached: Emulation, group_name: str, python: str, log) -> bool:
     return holds
 
 
-def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
+def calibrate(target: float, group_name: str, *, model: str = "pi4", period_us: int = DEFAULT_PERIOD_US, cache: Path | None = None,
               python: str = sys.executable, comm: bool = True, neighbours: int = 0, log=print) -> Emulation:
-    """The quota at which one node of this machine trains the seed LeNet at ``target`` img/s; with
+    """The quota at which one node of this machine, emulating a ``model`` board, trains the seed LeNet at ``target`` img/s; with
     ``comm``, its communication threads on a Pi core of their own (comm_core.py) meanwhile, and
     ``neighbours`` stand-ins training beside it under the same quota (standin.py)."""
     key = _machine_key(period_us, comm, neighbours)
     known = json.loads(cache.read_text()) if cache and cache.exists() else {}
     hit = known.get(key, {}).get(f"{target:g}")
     if hit and time.time() - hit.get("made", 0) < CACHE_SECONDS:
-        cached = Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
+        cached = Emulation(profile=f"{model}:{target:g}", images_per_sec=target, period_us=hit.get("period_us", period_us),
                            quota_us=hit["quota_us"], comm_quota_us=hit.get("comm_quota_us"), neighbours=neighbours)
         if _still_holds(cached, group_name, python, log):
             return cached
@@ -374,5 +403,5 @@ def calibrate(target: float, group_name: str, *, period_us: int = DEFAULT_PERIOD
                                                     "copy_mb_s": round(copy) if copy else None, "made": round(time.time())}
         cache.parent.mkdir(parents=True, exist_ok=True)  # a first calibration may come before any testbed
         cache.write_text(json.dumps(known, indent=2))
-    return Emulation(profile=f"pi4:{target:g}", images_per_sec=target, period_us=found.period_us, quota_us=found.quota_us,
+    return Emulation(profile=f"{model}:{target:g}", images_per_sec=target, period_us=found.period_us, quota_us=found.quota_us,
                      comm_quota_us=comm_quota, neighbours=neighbours)

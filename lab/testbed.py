@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,12 @@ class Node:
     dockerd_pid: int | None = None
     # The node's cpu group from the hierarchy's root: below the group the testbed was made from.
     cgroup_path: str = ""
+    # The board whose CPU the node has (emulation.Emulation as a dict): a calibrated quota; None: the machine's.
+    emulation: dict | None = None
+
+    @property
+    def board(self) -> Emulation | None:
+        return Emulation(**self.emulation) if self.emulation else None
 
     @property
     def cgroup(self) -> CpuGroup:
@@ -146,8 +153,6 @@ class State:
     created_login: bool = False
     # Paths under /root that every node's private /root shows (read-only).
     expose: list[str] = field(default_factory=list)
-    # The CPU quota every node has, when the testbed emulates Raspberry Pis (emulation.Emulation).
-    emulation: dict | None = None
     # The emulation's daemon (emulator.py): moves communication threads, keeps idle nodes busy.
     emulator_pid: int | None = None
     # The process that made the testbed (a test session, or `python -m lab up`) and its
@@ -209,6 +214,7 @@ class State:
     @classmethod
     def load(cls, path: Path) -> State:
         raw = json.loads(path.read_text())
+        raw.pop("emulation", None)  # recorded for the whole testbed by earlier versions; each node's own now
         raw["nodes"] = [Node(**n) for n in raw["nodes"]]
         return cls(**raw)
 
@@ -501,24 +507,30 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
     # ---- use -------------------------------------------------------------------------------
 
-    def emulate(self, emulation: Emulation | None) -> None:
-        """Give every node the CPU of a Raspberry Pi 4 (a calibrated quota, with ``comm_quota_us`` a
+    def emulate(self, emulation: Emulation | Sequence[Emulation] | None) -> None:
+        """Give every node the CPU of a Raspberry Pi (a calibrated quota, with ``comm_quota_us`` a
         Pi core for its communication threads, and with ``neighbours`` a stand-in training whenever
-        the node has nothing of its own to train), or all of it back (None)."""
+        the node has nothing of its own to train) - one board for every node, or one per node in
+        node order (a mixed cluster: a Pi 5 beside Pi 4s) - or all of it back (None)."""
+        nodes = self.state.nodes
+        boards = [emulation] * len(nodes) if emulation is None or isinstance(emulation, Emulation) else list(emulation)
+        if len(boards) != len(nodes):
+            raise ValueError(f"{len(boards)} boards for the {len(nodes)} nodes of testbed {self.state.id}")
         self._stop_emulator()
-        for n in self.state.nodes:
-            if emulation is None:
+        for n, board in zip(nodes, boards, strict=True):
+            n.emulation = asdict(board) if board else None
+            if board is None:
                 n.cgroup.unlimit()
-            else:
-                n.cgroup.limit(emulation.quota_us, emulation.period_us)
-        flags = []
-        if emulation is not None and emulation.comm_quota_us:
-            for n in self.state.nodes:
+                continue
+            n.cgroup.limit(board.quota_us, board.period_us)
+            if board.comm_quota_us:
                 comm = comm_group(n.cgroup)
                 comm.create()
-                comm.limit(emulation.comm_quota_us, emulation.period_us)
+                comm.limit(board.comm_quota_us, board.period_us)
+        flags = []
+        if any(b and b.comm_quota_us for b in boards):
             flags.append("--comm")
-        if emulation is not None and emulation.neighbours:
+        if any(b and b.neighbours for b in boards):
             flags.append("--stand-ins")
         if flags:
             with open(Path(self.state.dir) / "emulator.log", "ab") as log:
@@ -526,7 +538,6 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
                                         cwd=Path(__file__).resolve().parents[1], stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
             self.state.emulator_pid = proc.pid
-        self.state.emulation = asdict(emulation) if emulation else None
         self.state.save()
 
     def _stop_emulator(self) -> None:
@@ -630,7 +641,7 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             "edgetrain_bin_link": "",
         }
         cluster_vars.update(extra_vars or {})
-        hosts = {n.name: {"ansible_host": n.address, **(host_vars or {}).get(n.name, {})} for n in s.nodes}
+        hosts = {n.name: {"ansible_host": n.address, **self._board_vars(n), **(host_vars or {}).get(n.name, {})} for n in s.nodes}
         inv = {
             "all": {
                 "vars": {
@@ -658,13 +669,20 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
         path.write_text(f"# Written by the edgetrain testbed {s.id}; removed by its teardown.\n" + yaml.safe_dump(inv, sort_keys=False))
         return str(path)
 
+    @staticmethod
+    def _board_vars(n: Node) -> dict:
+        """What an inventory says of the board a node emulates: its model (informational) and its
+        calibrated rate as its ``edgetrain_speed`` (what --batch-by speed falls back on)."""
+        board = n.board
+        return {"edgetrain_model": board.model, "edgetrain_speed": round(board.images_per_sec)} if board else {}
+
     def status(self) -> dict:
         s = self.state
         out: dict[str, Any] = {"id": s.id, "dir": s.dir, "bridge": s.bridge, "inventory": s.inventory, "mpi_user": s.mpi_user,
-               "emulation": s.emulation, "in_use_by": s.owner_pid if s.in_use else None, "nodes": []}
+               "in_use_by": s.owner_pid if s.in_use else None, "nodes": []}
         for n in s.nodes:
             out["nodes"].append({
-                "name": n.name, "netns": n.netns, "address": n.address,
+                "name": n.name, "netns": n.netns, "address": n.address, "emulation": n.emulation,
                 "sshd": n.sshd_pid if n.sshd_pid and _alive(n.sshd_pid) else None,
                 "dockerd": n.dockerd_pid if n.dockerd_pid and _alive(n.dockerd_pid) else None,
                 "netns_exists": Path(f"/var/run/netns/{n.netns}").exists(),

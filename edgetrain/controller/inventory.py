@@ -211,6 +211,7 @@ def _host(name: str, hv: dict, groups: set[str], source: Path) -> Host:
     lease = checked("edgetrain_lease_seconds")
     env = checked("edgetrain_mpi_env", {})
     given("edgetrain_mpi_user")  # provisioning needs it (preflight); the CLI checks it when given
+    given("edgetrain_model")  # informational (the board), checked as the play checks it
     # The address, user, image and directories reach command lines (ssh, docker's volumes, the
     # machinefile): the schema refuses a value that would read as an option or split a field there.
     return Host(

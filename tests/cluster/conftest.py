@@ -7,6 +7,7 @@ removes a testbed left behind by a killed session.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -23,7 +24,7 @@ import yaml
 
 from edgetrain.controller import containers
 from edgetrain.shared import datasets, runs
-from lab.emulation import PI4_RATES, Emulation, calibrate, machine_cores
+from lab.emulation import MODELS, Emulation, calibrate, machine_cores, overcommit
 from lab.testbed import DEFAULT_ROOT, Testbed, run
 from tests.conftest import edgetrain, summarize
 from tests.playbook import Playbook
@@ -33,6 +34,10 @@ DATASET_DIR = Path("/usr/share/datasets/fashion-mnist")
 PROBE_IMAGE = "edgetrain-testbed/probe:1"
 # Which emulation the benches run under (pi4 below): "optimistic" by default, or "pessimistic".
 BRACKET = os.environ.get("EDGETRAIN_TESTBED_BRACKET", "optimistic")
+# The boards of the mixed cluster (`mixed` below), one per node: EDGETRAIN_TESTBED_MODELS=pi5,pi4,pi4,pi4
+# (the testbed then has that many nodes, unless EDGETRAIN_TESTBED_NODES says so too); unset, one
+# Pi 5 and Pi 4s for the rest of the testbed's nodes.
+BOARDS = tuple(m for m in os.environ.get("EDGETRAIN_TESTBED_MODELS", "").split(",") if m)
 
 
 def _missing_prerequisites() -> str | None:
@@ -58,7 +63,8 @@ def testbed(request):
             request.getfixturevalue("amd64_build")
     # EDGETRAIN_TESTBED_NODES=4 for benchmarks at N = 1..4; EDGETRAIN_TESTBED_KEEP=1 leaves the
     # provisioned cluster up after the session (for `edgetrain bench` by hand; `python -m lab down ID`).
-    bed = Testbed.create(int(os.environ.get("EDGETRAIN_TESTBED_NODES", "3")), shape=True, docker=shutil.which("dockerd") is not None)
+    nodes = int(os.environ.get("EDGETRAIN_TESTBED_NODES") or len(BOARDS) or 3)
+    bed = Testbed.create(nodes, shape=True, docker=shutil.which("dockerd") is not None)
     try:
         yield bed
     finally:
@@ -69,21 +75,31 @@ def testbed(request):
 
 
 @pytest.fixture(scope="session")
-def pi4(testbed) -> Emulation:
-    """The CPU quota of an emulated Pi 4 (250 img/s) while the testbed's other nodes train too,
-    calibrated once per machine and testbed size: the optimistic bracket (communication on a Pi
-    core of its own, idle nodes training stand-ins). EDGETRAIN_TESTBED_BRACKET=pessimistic gives
-    the other one, as the testbed's ``--comm shared --alone``: everything a node runs in one quota,
-    calibrated alone, no stand-ins."""
-    pessimistic = BRACKET == "pessimistic"
-    return calibrate(PI4_RATES["pi4"], "edgetrain-calibration", cache=DEFAULT_ROOT / "calibration.json",
-                     comm=not pessimistic, neighbours=0 if pessimistic else len(testbed.state.nodes) - 1)
+def board(testbed):
+    """``board(model, bracket)``: the CPU quota of an emulated board (emulation.MODELS: "pi4" at 250
+    img/s, "pi5" at 500, assumed), calibrated once per machine, testbed size, board and bracket.
+    The optimistic bracket: communication on a Pi core of its own, calibrated while the testbed's
+    other nodes train too (stand-ins); the pessimistic one, as the testbed's ``--comm shared
+    --alone``: everything a node runs in one quota, calibrated alone, no stand-ins."""
+    @functools.cache
+    def calibrated(model: str, bracket: str) -> Emulation:
+        pessimistic = bracket == "pessimistic"
+        return calibrate(MODELS[model], "edgetrain-calibration", model=model, cache=DEFAULT_ROOT / "calibration.json",
+                         comm=not pessimistic, neighbours=0 if pessimistic else len(testbed.state.nodes) - 1)
+    return calibrated
+
+
+@pytest.fixture(scope="session")
+def pi4(board) -> Emulation:
+    """An emulated Pi 4 (250 img/s) under the session's bracket: the optimistic one unless
+    EDGETRAIN_TESTBED_BRACKET=pessimistic."""
+    return board("pi4", BRACKET)
 
 
 @pytest.fixture(scope="session")
 def overcommitted(testbed, pi4) -> str | None:
     """Why this machine cannot give every emulated node its CPU at once, or None when it can."""
-    return pi4.overcommit(len(testbed.state.nodes), machine_cores())
+    return overcommit([pi4] * len(testbed.state.nodes), machine_cores())
 
 
 @pytest.fixture
@@ -92,6 +108,28 @@ def emulated(testbed, pi4, overcommitted) -> Testbed:
     if overcommitted:
         warnings.warn(overcommitted, stacklevel=1)
     testbed.emulate(pi4)
+    try:
+        yield testbed
+    finally:
+        testbed.emulate(None)
+
+
+@pytest.fixture
+def mixed(testbed, board) -> Testbed:
+    """The session's testbed as a mixed cluster - node1 an emulated Pi 5, the others Pi 4s, unless
+    EDGETRAIN_TESTBED_MODELS names the boards - given back whole afterwards, as ``emulated`` does:
+    no other test sees it. Always the pessimistic bracket: on this machine's 2 cores a Pi 5 and two
+    Pi 4s fit with everything in their quotas (about 1,000 img/s of quota, as four Pi 4s), while
+    the optimistic bracket's Pi cores for communication and stand-ins would ask for about 3."""
+    nodes = testbed.state.nodes
+    models = BOARDS or ("pi5",) + ("pi4",) * (len(nodes) - 1)
+    if len(models) != len(nodes):
+        pytest.fail(f"EDGETRAIN_TESTBED_MODELS names {len(models)} boards for the testbed's {len(nodes)} nodes")
+    boards = [board(m, "pessimistic") for m in models]
+    said = overcommit(boards, machine_cores())
+    if said:
+        warnings.warn(said, stacklevel=1)
+    testbed.emulate(boards)
     try:
         yield testbed
     finally:

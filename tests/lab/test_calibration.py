@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from lab.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, Emulation, fair_share, search_quota
+from lab.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, Emulation, fair_share, overcommit, parse_profile, search_quota
 
 CORES = 2
 
@@ -101,12 +101,38 @@ def test_beside_busy_neighbours_the_search_stays_within_the_share_it_measured_un
 def test_a_layout_this_machine_cannot_give_its_cpu_is_named():
     """The quotas of two sessions' calibrations on this machine's 2 cores: the optimistic bracket's
     3 nodes (quota and communication group each) asked more than the machine has; 2 nodes of it,
-    and 4 nodes of the pessimistic bracket's, fit."""
+    and 4 nodes of the pessimistic bracket's, fit; a mixed cluster adds up its nodes' own."""
     optimistic = Emulation("pi4:250", 250.0, 10_000, 4_262, comm_quota_us=4_800, neighbours=2)
     pessimistic = Emulation("pi4:250", 250.0, 10_000, 4_732)
-    said = optimistic.overcommit(3, CORES)
+    said = overcommit([optimistic] * 3, CORES)
     assert said is not None and said.startswith("3 emulated nodes ask 2.72 of this machine's 2 cores"), said
-    assert "0.426 each + 0.480 for communication" in said, said
-    assert optimistic.overcommit(2, CORES) is None
-    assert pessimistic.overcommit(4, CORES) is None
-    assert pessimistic.overcommit(5, CORES) is not None
+    assert "(0.426 each + 0.480 for communication)" in said, said
+    assert overcommit([optimistic] * 2, CORES) is None
+    assert overcommit([pessimistic] * 4, CORES) is None
+    assert overcommit([pessimistic] * 5, CORES) is not None
+    pi5 = Emulation("pi5:500", 500.0, 10_000, 9_000)
+    assert overcommit([pi5, pessimistic, pessimistic], CORES) is None
+    assert overcommit([pi5, pessimistic, pessimistic, pessimistic], CORES) == (
+        "4 emulated nodes ask 2.32 of this machine's 2 cores (pi5: 0.900 each; pi4: 0.473 each): figures at more nodes lean low")
+
+
+@pytest.mark.parametrize(("spec", "board"), [
+    ("pi4", ("pi4", 250.0)), ("pi4-slow", ("pi4", 150.0)), ("pi4-fast", ("pi4", 400.0)),
+    ("pi5", ("pi5", 500.0)),  # assumed: twice a Pi 4
+    ("pi4:230", ("pi4", 230.0)), ("pi5:610", ("pi5", 610.0)),
+])
+def test_a_profile_names_its_board_and_rate(spec, board):
+    assert parse_profile(spec) == board
+    assert Emulation(f"{board[0]}:{board[1]:g}", board[1], 10_000, 5_000).model == board[0]
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    ("pi3", "unknown emulation 'pi3': use pi4, pi5, pi4-slow, pi4-fast or MODEL:IMG_PER_SEC (pi4, pi5)"),
+    ("pi5:", "'pi5:': the rate must be a Pi's img/s (e.g. pi5:500)"),
+    ("pi4:fast", "'pi4:fast': the rate must be a Pi's img/s (e.g. pi4:250)"),
+    ("pi4:0", "'pi4:0': the rate must be a Pi's img/s (e.g. pi4:250)"),
+])
+def test_an_unknown_profile_is_named(spec, said):
+    with pytest.raises(ValueError) as caught:
+        parse_profile(spec)
+    assert str(caught.value) == said

@@ -16,6 +16,7 @@ from tests.conftest import ROOT, assert_one_line_error, edgetrain
 from tests.playbook import Playbook
 
 
+MODEL_PROBLEM = "is not a board's name (up to 64 letters, digits, '.', '-' and '_', starting with a letter or digit)"
 GOOD = {"edgetrain_arch": "aarch64", "edgetrain_slots": 1, "edgetrain_iface": "eth0", "edgetrain_mpi_user": "mpi"}
 
 
@@ -44,7 +45,10 @@ def write(tmp_path, addresses: tuple[str, str] = ("198.18.250.11", "198.18.250.1
      "preflight: host n2 has ansible_port '22.9'; it must be a port number from 1 to 65535."),
     ({"edgetrain_slots": 3.99}, "host n2 in {inv}: edgetrain_slots is 3.99, not a number of slots",
      "preflight: host n2 has edgetrain_slots '3.99'; it must be a number of slots from 1 to 4096."),
-], ids=["slots", "lease", "arch", "mpi-user", "port-true", "port-fraction", "slots-fraction"])
+    # Informational, yet checked: it reaches reports as it is.
+    ({"edgetrain_model": "pi 5"}, "host n2 in {inv}: edgetrain_model 'pi 5' " + MODEL_PROBLEM,
+     "preflight: host n2 has edgetrain_model \"pi 5\"; it " + MODEL_PROBLEM + "."),
+], ids=["slots", "lease", "arch", "mpi-user", "port-true", "port-fraction", "slots-fraction", "model"])
 def test_the_cli_and_the_preflight_play_refuse_the_same_values(tmp_path, node2, cli, play):
     inv = write(tmp_path, **node2)
     assert_one_line_error(edgetrain("run", "lenet", "-i", inv, "--runs-dir", str(tmp_path / "runs")), cli.format(inv=inv))
