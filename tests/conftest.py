@@ -187,6 +187,33 @@ def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Pa
     )
 
 
+def loopback_pair(where: Path, speeds: tuple[int, int] | None = None) -> Path:
+    """An inventory of this machine twice, by two names Hydra starts locally (localhost and
+    127.0.0.1), written into ``where``; with ``speeds``, each host's ``edgetrain_speed``."""
+    head, other = (f"\n          edgetrain_speed: {s}" for s in speeds) if speeds else ("", "")
+    inv = where / "hosts.yml"
+    inv.parent.mkdir(parents=True, exist_ok=True)
+    inv.write_text(f"""\
+cluster:
+  vars:
+    edgetrain_runtime: host
+    edgetrain_iface: lo
+    edgetrain_slots: 1
+    ansible_connection: local
+    ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
+  children:
+    head:
+      hosts:
+        localhost:
+          ansible_host: localhost{head}
+    rpi:
+      hosts:
+        loopback:
+          ansible_host: 127.0.0.1{other}
+""")
+    return inv
+
+
 def assert_one_line_error(result, *fragments: str, code: int = 1) -> str:
     """The one line a failed command leaves on stderr, holding every fragment; no traceback."""
     assert result.returncode == code, (result.stdout, result.stderr)

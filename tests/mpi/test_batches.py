@@ -11,7 +11,7 @@ import re
 import pytest
 
 from edgetrain.shared import runs
-from tests.conftest import ROOT, assert_one_line_error, edgetrain, project_script
+from tests.conftest import ROOT, assert_one_line_error, edgetrain, loopback_pair, project_script
 
 pytestmark = pytest.mark.mpi
 
@@ -20,34 +20,9 @@ STEPS = 5
 RESULT = re.compile(r"^batches 3/1 weighted (\S+) unweighted (\S+)$", re.M)
 DIGEST = re.compile(r"^final weights sha256 ([0-9a-f]{64})$", re.M)
 
-TWO_NODES = """\
-# This machine twice, by two names Hydra starts locally, declared 3 and 1 times as fast.
-cluster:
-  vars:
-    edgetrain_runtime: host
-    edgetrain_iface: lo
-    edgetrain_slots: 1
-    ansible_connection: local
-    ansible_python_interpreter: "{{ ansible_playbook_python }}"
-  children:
-    head:
-      hosts:
-        localhost:
-          ansible_host: localhost
-          edgetrain_speed: 3
-    rpi:
-      hosts:
-        loopback:
-          ansible_host: 127.0.0.1
-          edgetrain_speed: 1
-"""
-
-
 def two_nodes(tmp_path):
-    inv = tmp_path / "two" / "hosts.yml"
-    inv.parent.mkdir()
-    inv.write_text(TWO_NODES)
-    return inv
+    """This machine twice, declared 3 and 1 times as fast."""
+    return loopback_pair(tmp_path / "two", (3, 1))
 
 
 def test_lenet_by_speed_sizes_each_ranks_batch_and_says_so(tmp_path):

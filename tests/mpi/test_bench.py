@@ -12,7 +12,7 @@ from edgetrain.controller import launch
 from edgetrain.shared import runs
 from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.controller.program import Program
-from tests.conftest import ROOT, edgetrain
+from tests.conftest import ROOT, edgetrain, loopback_pair
 
 pytestmark = pytest.mark.mpi
 
@@ -127,33 +127,10 @@ def test_a_try_that_misses_the_target_says_so_in_its_line(tmp_path):
     assert ", 99.9% not reached" in line and "target at" not in line, line
 
 
-TWO_NODES = """\
-# This machine twice, by two names Hydra starts locally: a two-node bench on loopback.
-cluster:
-  vars:
-    edgetrain_runtime: host
-    edgetrain_iface: lo
-    edgetrain_slots: 1
-    ansible_connection: local
-    ansible_python_interpreter: "{{ ansible_playbook_python }}"
-  children:
-    head:
-      hosts:
-        localhost:
-          ansible_host: localhost
-    rpi:
-      hosts:
-        loopback:
-          ansible_host: 127.0.0.1
-"""
-
-
 def test_bench_chooses_how_often_to_sync_and_run_takes_its_choice(tmp_path):
     """bench --sync-candidates on two local nodes: every candidate predicted, each mode's best
     measured at N = 2 beside the N-loop, the choice kept; then run --sync-every auto takes it."""
-    inv = tmp_path / "two" / "hosts.yml"
-    inv.parent.mkdir()
-    inv.write_text(TWO_NODES)
+    inv = loopback_pair(tmp_path / "two")  # a two-node bench on loopback
     root = tmp_path / "runs"
     job = ("--epochs", "1", "--max-steps", "24", "--eval-every", "8", "--holdout", "1000", "--target-accuracy", "0.3")
     r = edgetrain("bench", "lenet", "-i", str(inv), "--nodes", "1,2", "--repeat", "1", *job, "--sync-candidates", "1,2,4",
