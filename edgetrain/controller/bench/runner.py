@@ -1,47 +1,8 @@
-"""`edgetrain bench`: does adding nodes pay? Measured on the cluster, and predicted before it is measured.
-
-On any inventory, one rank per node, under the run's strategy (Horovod, or torch's DDP for a torch
-script with ``--strategy torch``):
-  (a) the strategy's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
-      latency), wall and CPU seconds per operation (its ``probe``: Horovod's, or torch.distributed's);
-  (b) the job on one node: img/s, and the time to the target accuracy;
-  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
-      ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
-      above one node's (what allreduce and waiting add), and the time to the target accuracy.
-      With ``--reference concurrent``, R(1) at each N is N one-node runs at once, one on each of the
-      N nodes: nodes that share a machine (an emulated cluster) then give the reference the same
-      neighbours as the N-node run;
-  (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
-      compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
-      slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
-      hide, over the steps it is shared by (``--sync-every``; syncing weights, nothing of it hidden:
-      the average is taken between steps), plus the CPU the
-      communication takes from the training (its CPU seconds over the cores one node's training
-      keeps busy: on a node whose training fills its CPU, a hidden allreduce still costs its CPU).
-      A band - nothing hidden and every CPU second of communicating taken from the training, all
-      of it hidden on CPU the training leaves idle - and inside it the estimate: for a built-in job,
-      from when backprop produces each gradient (``edgetrain.controller.overlap``); for a script,
-      half of the allreduce hidden. Both estimates pay the CPU. Printed, then set beside the
-      measurement;
-  (s) with ``--sync-candidates K1,K2,..``: at every N > 1, E(N) predicted for each K in both modes
-      (``edgetrain.shared.sync``) from (a) and (b), and the best-predicted K of each mode measured
-      right after the N-loop's own try at that N, in every try (so the candidates share the
-      N-loop's hour and seed); once the loop is done, the choice at the largest N - the shortest
-      median time to the target, or without one the most img/s - recorded in ``bench.json`` for
-      ``edgetrain run --sync-every auto``;
-  (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
-      is an ordinary run directory beside it.
-
-Every measurement is a real ``edgetrain run`` (prepare and execute), so what it measures is what
-users get.
-"""
+"""The bench's runs: the allreduce probes, the job at every N, the --sync-every candidates (the package's docstring says which, in what order)."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -52,16 +13,19 @@ from typing import Any
 
 from edgetrain.controller import config as configs
 from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
-from edgetrain.controller.config import Attempt
+from edgetrain.controller import program as programs
 from edgetrain.controller import strategies
+from edgetrain.controller.bench import record
+from edgetrain.controller.bench.model import Allreduce, Prediction, SyncCandidate, best_per_mode, choose, evaluation_interval, median, predict
+from edgetrain.controller.bench.record import Point, Trial
+from edgetrain.controller.config import Attempt
+from edgetrain.controller.program import JobOptions, Program
 from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.shared import job_options, jobs, runs
-from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
-from edgetrain.shared.strategies import DEFAULT
-from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
-from edgetrain.controller.program import JobOptions, Program
+from edgetrain.shared.strategies import DEFAULT
+from edgetrain.shared.sync import Sync, SyncMode
 
 
 class Reference(str, Enum):
@@ -91,114 +55,6 @@ class BenchRequest:
     restarts: configs.RestartPolicy = configs.RestartPolicy()  # a training run's, as `run` takes them (the probes keep no checkpoints)
     sync_candidates: list[int] | None = None  # (s): the K to predict, and choose from
 
-
-@dataclass
-class Allreduce:
-    nodes: int
-    bytes: int
-    seconds: float  # the slowest rank's wall time per allreduce
-    cpu_seconds: float  # the busiest rank's CPU time per allreduce (every thread: polling included)
-    latency_seconds: float
-    run: str
-    transport: str = "mpi"  # whose collectives Horovod used: gloo or mpi
-    cycle_seconds: float = 0.001  # the launch's Horovod cycle (the probe times its own short one)
-    idle_cpu_per_second: float = 0.0  # the busiest rank's CPU per second between allreduces, at that cycle
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e6
-
-    @property
-    def per_update(self) -> float:
-        """What one gradient allreduce adds to a training step: the transfer, and on average half
-        a cycle's wait for Horovod's next turn (a step's gradients arrive at no particular point of it)."""
-        return self.seconds + self.cycle_seconds / 2
-
-    def cpu_per_update(self, update_seconds: float) -> float:
-        """A rank's communication CPU over an update of that length: the allreduce's, and its
-        threads' between allreduces (Horovod's cycle turns while the training computes)."""
-        return self.cpu_seconds + self.idle_cpu_per_second * update_seconds
-
-
-@dataclass
-class Trial:
-    nodes: int
-    run: str
-    images_per_sec: float | None
-    seconds_to_target: float | None
-    images_to_target: int | None
-    status: str
-    images_per_cpu_second: float | None = None  # per CPU-second of every rank's training, communication included
-    test_accuracy: float | None = None  # scored once after training, where --holdout kept validation apart
-    # From the launch (preflight, containers, the MPI probe, imports, data, tracing) to the target.
-    seconds_to_target_from_launch: float | None = None
-    beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
-    busy_cores: float | None = None  # the CPU its training kept busy on each node (busy_cores_of)
-    seed: int | None = None  # a built-in job's: the same at every N in one try
-    # Nodes a restart left out (--max-restarts): the run ended on fewer than ``nodes``, so its
-    # figures stand for no N and are left out of the medians.
-    lost: dict[str, str] = field(default_factory=dict)
-    sync_every: int = 1  # how often its ranks talked, and what they sent
-    sync_mode: str = SyncMode.GRADS.value
-    options: dict[str, Any] = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
-
-
-@dataclass(frozen=True)
-class SyncCandidate:
-    """One --sync-every setting at one N: predicted, and measured where it was among the best."""
-
-    sync_every: int
-    sync_mode: str
-    nodes: int
-    predicted: float
-    predicted_range: tuple[float, float]
-    images_per_sec: float | None = None  # the tries' median, where measured
-    seconds_to_target: float | None = None
-    runs: tuple[str, ...] = ()
-
-    @property
-    def sync(self) -> Sync:
-        return Sync(self.sync_every, SyncMode(self.sync_mode))
-
-
-def choose(measured: list[SyncCandidate]) -> tuple[SyncCandidate, str] | None:
-    """The candidate that reached the target soonest (median of its tries), or where none reached
-    it the one that trained the most img/s; and what decided it."""
-    timed = [c for c in measured if c.seconds_to_target is not None]
-    if timed:
-        return min(timed, key=lambda c: (c.seconds_to_target, c.sync_every)), "time to the target"
-    rated = [c for c in measured if c.images_per_sec is not None]
-    if rated:
-        return max(rated, key=lambda c: (c.images_per_sec, -c.sync_every)), "img/s (no try reached the target)"
-    return None
-
-
-def best_per_mode(candidates: list[SyncCandidate], per_mode: int = 1) -> list[SyncCandidate]:
-    """The best-predicted candidates of each mode (fewer syncs break ties): the model predicts
-    throughput, not how many images a mode needs, so each mode's best is measured."""
-    out: list[SyncCandidate] = []
-    for mode in SyncMode:
-        ranked = sorted((c for c in candidates if c.sync_mode == mode.value), key=lambda c: (-c.predicted, c.sync_every))
-        out += ranked[:per_mode]
-    return out
-
-
-@dataclass
-class Point:
-    """One N: the medians of its trials, and what was predicted for it."""
-
-    nodes: int
-    images_per_sec: float | None
-    efficiency: float | None
-    comm_share: float | None
-    seconds_to_target: float | None
-    predicted_efficiency: float | None
-    trials: list[Trial]
-    predicted_range: tuple[float, float] | None = None
-    images_per_cpu_second: float | None = None  # the trials' median
-    reference: float | None = None  # the one-node img/s E(N) is relative to
-
-
 def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count") -> list[int] | None:
     """``1,2,4`` or ``1-4``."""
     if spec is None:
@@ -226,54 +82,6 @@ def model_of(program: Program) -> Any:
 def gradient_bytes(model: Any) -> int:
     """A model's gradient: 4 bytes per trainable parameter."""
     return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """E(N) between two bounds, and the estimate set beside the measurement. Horovod starts a
-    gradient's allreduce as soon as backprop has produced it, while earlier layers' backprop still
-    runs; how much that hides depends on the order the model produces its bytes in (LeNet's Dense
-    kernel first), which one node's step time does not tell, but its layers do."""
-
-    low: float  # nothing hidden: compute, the allreduce, half a cycle's wait, and the communication's CPU
-    high: float  # the allreduce hidden behind the step's compute, up to its length, its CPU free
-    expected: float  # from when backprop produces each gradient (half hidden without a model), its CPU paid
-
-
-def predict(step_seconds: float, ar: Allreduce, sync: Sync = EVERY_STEP,
-            gradients: list[overlap.Gradient] | None = None, cores: float | None = None) -> Prediction:
-    """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
-    of communicating is in it), shared over the ``sync.sync_every`` steps between syncs; accumulating
-    gradients, only the last of them hides any of it; syncing weights, none does (the models are
-    averaged between steps).
-
-    ``cores``: the CPU one node's training keeps busy (``busy_cores_of``). Where the
-    training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
-    the communication spends is a CPU second the training waits for, hidden allreduce or not: the
-    communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
-    CPU): the communication is taken to run on CPU the training leaves idle."""
-    update = step_seconds * sync.sync_every
-    paid = ar.cpu_per_update(update) / cores if cores else 0.0
-    low = update / (update + ar.per_update + paid)
-    if sync.sync_mode is SyncMode.WEIGHTS:
-        return Prediction(low, update / (update + ar.per_update), low)
-    hidden = min(ar.seconds, update)
-    high = update / (update + ar.per_update - hidden)
-    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds) if gradients else ar.per_update - hidden / 2
-    return Prediction(low, high, update / (update + late + paid))
-
-
-def evaluation_interval(steps: int, steps_per_execution: int, per_epoch: int = 4) -> int:
-    """The ``--eval-every`` that evaluates an epoch of ``steps`` steps ``per_epoch`` times, the last
-    being the epoch's own validation: a multiple of the steps per execution (evaluations fall between
-    executions), rounded up so that none lands just before the epoch's end."""
-    return math.ceil(steps / per_epoch / steps_per_execution) * steps_per_execution
-
-
-def _median(values: list[float | None]) -> float | None:
-    found = [v for v in values if v is not None]
-    return statistics.median(found) if found else None
-
 
 def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
     """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
@@ -570,7 +378,7 @@ class Bench:
     # -- (s): how often to talk ---------------------------------------------------------------------
     def predict_syncs(self, n: int) -> list[SyncCandidate]:
         """E(n) for every candidate K in both modes, from one node's measured step and (a) at n."""
-        one = _median([t.images_per_sec for t in self._trials(1)])
+        one = median([t.images_per_sec for t in self._trials(1)])
         ar = self.allreduce.get(n)
         if one is None or ar is None:
             return []
@@ -634,22 +442,22 @@ class Bench:
 
     def _measured(self, c: SyncCandidate, n: int) -> SyncCandidate:
         tries = self._trials(n, sync=c.sync)
-        return replace(c, images_per_sec=_median([t.images_per_sec for t in tries]),
-                       seconds_to_target=_median([t.seconds_to_target for t in tries]), runs=tuple(t.run for t in tries))
+        return replace(c, images_per_sec=median([t.images_per_sec for t in tries]),
+                       seconds_to_target=median([t.seconds_to_target for t in tries]), runs=tuple(t.run for t in tries))
 
     def reference(self, n: int) -> float | None:
         """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""
         if n > 1 and self.req.reference is Reference.CONCURRENT:
-            return _median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
-        return _median([t.images_per_sec for t in self._trials(1)])
+            return median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
+        return median([t.images_per_sec for t in self._trials(1)])
 
     def busy_cores(self) -> float | None:
         """The CPU one node's training keeps busy, the one-node runs' median (None where the runs do
         not clock their CPU)."""
-        return _median([t.busy_cores for t in self._trials(1)])
+        return median([t.busy_cores for t in self._trials(1)])
 
     def _predict(self) -> None:
-        one = _median([t.images_per_sec for t in self._trials(1)])
+        one = median([t.images_per_sec for t in self._trials(1)])
         if one is None:
             return
         step = self.batch_size() / one
@@ -670,7 +478,7 @@ class Bench:
         out = []
         for n in self.nodes:
             trials = self._trials(n)
-            ips = _median([t.images_per_sec for t in trials])
+            ips = median([t.images_per_sec for t in trials])
             one = self.reference(n)
             eff = ips / (n * one) if ips and one else None
             # The allreduce as measured alone (a), against a rank's measured step at N.
@@ -678,15 +486,15 @@ class Bench:
             step = n * self.batch_size() / ips if ips else None
             share = min(1.0, ar.per_update / self.sync.sync_every / step) if ar and step else None
             guess = self.predicted.get(n)
-            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
+            out.append(Point(n, ips, eff, share, median([t.seconds_to_target for t in trials]),
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
-                             _median([t.images_per_cpu_second for t in trials]), one))
+                             median([t.images_per_cpu_second for t in trials]), one))
         return out
 
     def save(self, points: list[Point] | None = None) -> dict[str, Any]:
         body = {
             "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
-            "inventory": _where(self.req.inventory),
+            "inventory": record.where(self.req.inventory),
             "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16,
             "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
@@ -698,79 +506,5 @@ class Bench:
             "sync_candidates": [asdict(c) for c in self.candidates], "sync_choice": self.choice,
             "seconds": round(time.monotonic() - self.started, 1),
         }
-        tmp = self.dir / "bench.json.tmp"
-        tmp.write_text(json.dumps(body, indent=2) + "\n")
-        tmp.replace(self.dir / "bench.json")
+        record.write(self.dir, body)
         return body
-
-
-def latest(root: Path, program: str, inventory: Path | None, having: str = "points") -> dict[str, Any] | None:
-    """The newest finished bench of this program on this inventory that holds ``having`` (its
-    points, for `edgetrain run`'s advice; its sync_choice, for ``--sync-every auto``); one that is
-    damaged is passed over."""
-    want = _where(inventory)
-    for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
-        try:
-            body = plots.read(path)
-        except (OSError, ValueError):
-            continue
-        if body.get(having) and body.get("points") and body.get("inventory") == want:
-            body.setdefault("path", str(path))
-            return body
-    return None
-
-
-def steps_per_epoch(program: str, options: JobOptions, np: int) -> int:
-    """The steps each of ``np`` ranks takes in an epoch of the built-in job ``program`` (as its ranks count them)."""
-    spec = jobs.get(program)
-    batch = options.batch_size or spec.batch_size
-    steps = max(1, trained_on(spec.dataset, options.holdout) // max(np, 1) // batch)
-    return min(steps, options.max_steps) if options.max_steps else steps
-
-
-def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path | None, np: int,
-                log: Callable[[str], None]) -> JobOptions:
-    """``--sync-every auto`` (None) replaced by the newest bench's choice for this program on this
-    inventory, said in a line; other options are returned as they are. A bench.json is anyone's
-    file: a choice past the steps of one epoch (where every epoch's end syncs anyway) is clipped to
-    them, and said."""
-    if options.sync_every is not None:
-        return options
-    body = latest(root, program, inventory, having="sync_choice")
-    if body is None:
-        where = f"inventory {inventory}" if inventory else "this machine"
-        raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {where} in {root} chose one",
-                         f"run edgetrain bench {program} --sync-candidates 1,2,4,8 (with the same -i), or give --sync-every K")
-    c = body["sync_choice"]
-    every, most = c["sync_every"], steps_per_epoch(program, options, np)
-    clipped = f" (it chose {every}, more than the {most} steps of an epoch on {np} rank(s): clipped)" if every > most else ""
-    every = min(every, most)
-    log(f"--sync-every auto: {every} --sync-mode {c['sync_mode']}, chosen by bench {Path(body['path']).parent.name} "
-        f"on {c['nodes']} nodes by {c['by']}{clipped}")
-    return replace(options, sync_every=every, sync_mode=SyncMode(c["sync_mode"]))
-
-
-def _where(inventory: Path | None) -> str | None:
-    return str(Path(inventory).resolve()) if inventory else None
-
-
-def advice(body: dict[str, Any], n_hosts: int) -> str | None:
-    """A warning when the bench says ``n_hosts`` nodes train no faster than fewer did (or would)."""
-    by_n = {p["nodes"]: p for p in body["points"] if p.get("images_per_sec")}
-    if n_hosts not in by_n or 1 not in by_n:
-        return None
-    best = max((p for n, p in by_n.items() if n < n_hosts), key=lambda p: p["images_per_sec"], default=None)
-    here = by_n[n_hosts]
-    chosen = body.get("sync_choice") or {}
-    if chosen.get("nodes") == n_hosts and (chosen.get("images_per_sec") or 0) > here["images_per_sec"]:
-        # The best --sync-every the bench measured there: the extra nodes pay if it does.
-        rate = chosen["images_per_sec"]
-        how = f" with --sync-every {chosen['sync_every']} {chosen['sync_mode']}, E({n_hosts}) = {rate / (n_hosts * by_n[1]['images_per_sec']):.0%}"
-    else:
-        # A bench without its one-node reference wrote no efficiency (null): the rates still speak.
-        rate, how = here["images_per_sec"], f", E({n_hosts}) = {here['efficiency']:.0%}" if here.get("efficiency") is not None else ""
-    if best is not None and rate <= 1.05 * best["images_per_sec"]:
-        return (f"on {n_hosts} nodes this job trained at {rate:,.0f} img/s, against "
-                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench{how}): "
-                f"the extra nodes do not pay")
-    return None
