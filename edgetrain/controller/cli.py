@@ -249,12 +249,12 @@ def bench(
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
-    req = bench_runner.BenchRequest(target, list(script_args or []), options, inventory, group, bench_runner.parse_nodes(nodes), repeat,
-                                int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
-                                log=_say, reference=reference, master_port=master_port,
-                                restarts=configs.RestartPolicy(max_restarts, min_nodes),
-                                sync_candidates=bench_runner.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
-    b = bench_runner.Bench(req)
+    config = bench_runner.configured(target, list(script_args or []), options, strategy=strategy, master_port=master_port,
+                                     restarts=configs.RestartPolicy(max_restarts, min_nodes), inventory=inventory, group=group,
+                                     runs_dir=runs_dir, command=("edgetrain", *sys.argv[1:]), log=_say)
+    b = bench_runner.Bench(config, options, nodes=bench_runner.parse_nodes(nodes), repeat=repeat,
+                           gradient_bytes=int(gradient_mb * 1e6) if gradient_mb else None, reference=reference,
+                           sync_candidates=bench_runner.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
     points = b.run()
     goal = b.target_accuracy
     table = Table("N", "img/s", "img/CPU-s", "1 node img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share",

@@ -4,6 +4,8 @@ machine in tests/mpi/test_bench.py, and measures for real on the testbed in test
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 from dataclasses import replace
 
 import pytest
@@ -91,7 +93,7 @@ def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolut
     from edgetrain.controller import overlap, program as programs
 
     keras = runner.model_of(programs.resolve("lenet", [], programs.JobOptions()))
-    assert runner.gradient_bytes(keras) == 4 * 1_630_090
+    assert runner.gradient_bytes_of(keras) == 4 * 1_630_090
     gradients = overlap.schedule(keras)
     # Backprop order: Dense(10), Dense(512), then the two convolutions; multiply-adds per example
     # 5,120 / 1,605,632 / 3,612,672 / 225,792, the first convolution without its input's gradient.
@@ -170,6 +172,11 @@ def test_images_per_cpu_second_are_read_between_the_first_and_last_evaluation(tm
     assert runner.cpu_rate(_run_with(tmp_path / "none", evals)) is None
 
 
+def _bench(target: str, runs_dir: Path, options: JobOptions = JobOptions(), **bench: Any) -> runner.Bench:
+    """A bench as `edgetrain bench TARGET` makes one, on this machine."""
+    return runner.Bench(runner.configured(target, [], options, runs_dir=runs_dir), options, **bench)
+
+
 def _body(rates: dict[int, float]) -> dict:
     one = rates[1]
     return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}
@@ -177,7 +184,7 @@ def _body(rates: dict[int, float]) -> dict:
 
 @pytest.mark.parametrize(("reference", "one_at_two"), [(runner.Reference.ALONE, 100.0), (runner.Reference.CONCURRENT, 85.0)])
 def test_e_n_divides_by_one_node_alone_or_by_the_one_node_runs_made_beside_each_other(tmp_path, reference, one_at_two):
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", reference=reference))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", reference=reference)
     b.nodes = [1, 2]
 
     def trial(n: int, ips: float, beside: int = 0) -> record.Trial:
@@ -199,7 +206,7 @@ def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
 
 
 def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", runs_dir=tmp_path / "runs")
 
     def seed(n: int, attempt: int) -> str:
         args = list(b.program_for(n, attempt).args)
@@ -207,19 +214,19 @@ def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
 
     assert [seed(1, k) for k in (1, 2, 3)] == ["42", "43", "44"]
     assert seed(1, 2) == seed(b.nodes[-1], 2)
-    b = runner.Bench(runner.BenchRequest("lenet", options=JobOptions(seed=7), runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", options=JobOptions(seed=7), runs_dir=tmp_path / "runs")
     assert [seed(1, k) for k in (1, 2)] == ["7", "8"]
 
 
 def test_each_try_records_what_it_trained_on_the_held_out_split_included(tmp_path):
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, seed=50)))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, seed=50))
     trained = b.program_for(3, 2, Sync(2, SyncMode.GRADS)).trained_with
     assert {k: trained[k] for k in ("seed", "holdout", "holdout_split", "sync_every", "sync_mode", "batch_size", "epochs",
                                     "lr_scaling")} == {
         "seed": 51, "holdout": 6000, "holdout_split": 2, "sync_every": 2, "sync_mode": "grads", "batch_size": 64,
         "epochs": 1, "lr_scaling": 1.0}
     assert json.loads(json.dumps(trained)) == trained  # as bench.json keeps it, with each try
-    split0 = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, holdout_split=0)))
+    split0 = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, holdout_split=0))
     assert split0.program_for(1).trained_with["holdout_split"] == 0
 
 
@@ -238,11 +245,11 @@ def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_jus
         assert every % 8 == 0 and len(within) <= 3 and steps - within[-1] >= steps / 4 - 3 * 8, (steps, every)
     assert [model.evaluation_interval(s, 8) for s in (937, 312)] == [240, 80]  # not 232 (928, 9 steps before the end) or 72 (288)
 
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", runs_dir=tmp_path / "runs")
     args = list(b.program_for(1).args)
     assert args[args.index("--eval-every") + 1] == "240"
     # With --holdout the epoch is what is left of the training set: 54,000 examples, 843 steps.
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000)))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000))
     args = list(b.program_for(1).args)
     assert args[args.index("--eval-every") + 1] == str(model.evaluation_interval(843, 8)) != "240"
 
@@ -251,7 +258,7 @@ def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_
     # fashion, batch 32: epochs of 1875 / 937 / 625 steps at 1 / 2 / 3 nodes, all cut to 200; by the
     # whole epoch only three nodes would have evaluated before the end (at 160), and E(3) would have
     # set a steady rate against warm-up-laden ones.
-    b = runner.Bench(runner.BenchRequest("fashion", runs_dir=tmp_path / "runs", options=JobOptions(max_steps=200)))
+    b = _bench("fashion", runs_dir=tmp_path / "runs", options=JobOptions(max_steps=200))
     for n in (1, 2, 3):
         args = list(b.program_for(n).args)
         every = int(args[args.index("--eval-every") + 1])
@@ -278,7 +285,7 @@ def test_bench_measures_each_modes_best_predicted_k_and_chooses_by_time_to_targe
 
 
 def test_bench_predicts_every_candidate_k_in_both_modes_from_one_nodes_step_and_the_allreduce(tmp_path):
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4]))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4])
     b.nodes = [1, 2]
     b.trials = [record.Trial(1, "one", 250.0, None, None, "completed")]
     ar = b.allreduce[2] = model.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
@@ -350,7 +357,7 @@ def test_advice_counts_the_best_k_the_bench_measured_and_warns_when_even_it_does
 def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_made_at_the_largest(tmp_path, monkeypatch):
     """(s)'s flow through the whole bench, with each try's training and the allreduce probe stood in
     for (a cluster is the testbed's): which settings it runs, in what order, and what bench.json keeps."""
-    b = runner.Bench(runner.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2)
     b.nodes, b.hosts = [1, 2, 3], b.hosts * 3  # this machine thrice: the inventory's one host stands for three nodes
     ran = []
     # Weights reach the target sooner in these tries, though accumulating trains faster.

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -35,26 +34,6 @@ class Reference(str, Enum):
     CONCURRENT = "concurrent"  # at each N, N one-node runs at once: nodes that share one machine
 
 
-@dataclass
-class BenchRequest:
-    target: str  # a built-in job's name or a script's path, as `edgetrain run` takes it
-    passthrough: list[str] = field(default_factory=list)
-    options: JobOptions = field(default_factory=JobOptions)
-    inventory: Path | None = None
-    group: str | None = None
-    nodes: list[int] | None = None  # default 1..every host of the group
-    repeat: int = 3
-    gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
-    strategy: str = DEFAULT
-    runs_dir: Path = field(default_factory=runs.default_root)
-    command: list[str] = field(default_factory=list)
-    log: Callable[[str], None] = print
-    reference: Reference = Reference.ALONE
-    tf_port: int = configs.PORT_FLAGS["tf_port"]
-    master_port: int = configs.PORT_FLAGS["master_port"]
-    restarts: configs.RestartPolicy = configs.RestartPolicy()  # a training run's, as `run` takes them (the probes keep no checkpoints)
-    sync_candidates: list[int] | None = None  # (s): the K to predict, and choose from
-
 def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count") -> list[int] | None:
     """``1,2,4`` or ``1-4``."""
     if spec is None:
@@ -79,7 +58,7 @@ def model_of(program: Program) -> Any:
     return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
 
 
-def gradient_bytes(model: Any) -> int:
+def gradient_bytes_of(model: Any) -> int:
     """A model's gradient: 4 bytes per trainable parameter."""
     return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
 
@@ -142,50 +121,64 @@ def busy_cores_of(run: runs.Run) -> float | None:
     return float(last["train_cpu_seconds"] / last["train_seconds"] / last.get("ranks", 1))
 
 
+def configured(target: str, passthrough: list[str], options: JobOptions, *, strategy: str = DEFAULT,
+               **settings: Any) -> configs.LaunchConfig:
+    """What every run of a bench of ``target`` starts from, as `edgetrain run` would resolve it with
+    one rank per node (``settings``: configs.resolve's, and LaunchConfig's other fields); each run
+    replaces its program and N. Its ``log`` says the bench's lines (its runs' own are not said)."""
+    script = target not in jobs.JOBS
+    # A script's target accuracy is only read from its metrics: it is not the script's option.
+    program = programs.resolve(target, passthrough, replace(options, target_accuracy=None) if script else options)
+    chosen = strategies.named(strategy)
+    if chosen.probe is None:
+        raise UsageError(f"bench cannot time --strategy {strategy}'s communication",
+                         f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")
+    if program.job is not None and not chosen.builtin_jobs:
+        raise UsageError(f"the built-in job {program.job.name} trains with {DEFAULT}, not --strategy {strategy}",
+                         f"drop --strategy, or bench your own script: edgetrain bench SCRIPT --strategy {strategy} --gradient-mb MB")
+    return configs.resolve(program, strategy=strategy, per_node=1, **settings)
+
+
 class Bench:
-    def __init__(self, req: BenchRequest):
-        self.req = req
-        script = req.target not in jobs.JOBS
-        # A script's target accuracy is only read from its metrics: it is not the script's option.
-        self.program = programs.resolve(req.target, req.passthrough, replace(req.options, target_accuracy=None) if script else req.options)
+    def __init__(self, config: configs.LaunchConfig, options: JobOptions, *, nodes: list[int] | None = None, repeat: int = 3,
+                 gradient_bytes: int | None = None, reference: Reference = Reference.ALONE,
+                 sync_candidates: list[int] | None = None):
+        """A bench from ``config`` (``configured``'s, of the same ``options``) on ``nodes`` (default
+        1..every host of its group), ``repeat`` tries each; ``gradient_bytes`` a script's gradient
+        (default: a built-in job's parameter count x 4); ``sync_candidates`` the K of (s)."""
+        self.options, self.repeat, self.reference_mode, self.sync_candidates = options, repeat, reference, sync_candidates
+        self.log = config.log
+        self.program = config.program
         job = self.program.job
-        self.target_accuracy = req.options.target_accuracy or (job.target_accuracy if job else None)
+        self.target_accuracy = options.target_accuracy or (job.target_accuracy if job else None)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
-        self.fp16 = req.options.fp16_allreduce
-        self.sync = job_options.sync_of(req.options.__dict__)
-        self.strategy = strategies.named(req.strategy)
-        if self.strategy.probe is None:
-            raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
-                             f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")
-        if job is not None and not self.strategy.builtin_jobs:
-            raise UsageError(f"the built-in job {job.name} trains with {DEFAULT}, not --strategy {req.strategy}",
-                             f"drop --strategy, or bench your own script: edgetrain bench SCRIPT --strategy {req.strategy} --gradient-mb MB")
-        inv = inventory.load(req.inventory)
-        self.hosts = placement.select(inv, req.group)
+        self.fp16 = options.fp16_allreduce
+        self.sync = job_options.sync_of(options.__dict__)
+        self.strategy = config.strategy
+        inv = inventory.load(config.inventory)
+        self.hosts = placement.select(inv, config.group)
         most = len(self.hosts)
-        self.nodes = sorted(set(req.nodes or range(1, most + 1)))
+        self.nodes = sorted(set(nodes or range(1, most + 1)))
         if self.nodes[0] < 1 or self.nodes[-1] > most:
             raise UsageError(f"--nodes {self.nodes[-1] if self.nodes[-1] > most else self.nodes[0]} is not between 1 and "
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
-        if req.repeat < 1:
-            raise UsageError(f"--repeat {req.repeat} must be at least 1")
-        if req.sync_candidates and job is None:
+        if repeat < 1:
+            raise UsageError(f"--repeat {repeat} must be at least 1")
+        if sync_candidates and job is None:
             raise UsageError("--sync-candidates is for the built-in jobs: a script talks as it is written",
                              "bench the script with its own setting, e.g. -- --sync-every 4")
-        if req.sync_candidates and min(req.sync_candidates) < 1:
-            raise UsageError(f"--sync-candidates {min(req.sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
+        if sync_candidates and min(sync_candidates) < 1:
+            raise UsageError(f"--sync-candidates {min(sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
         model = model_of(self.program)
-        if model is None and not req.gradient_bytes:
+        if model is None and not gradient_bytes:
             raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
-        self.gradient = req.gradient_bytes or gradient_bytes(model)
+        self.gradient = gradient_bytes or gradient_bytes_of(model)
         self.gradients = overlap.schedule(model) if model is not None else None
         # Every run of the bench is this config with its own program and N (one rank per node).
-        self.config = configs.resolve(self.program, strategy=req.strategy, tf_port=req.tf_port, master_port=req.master_port,
-                                      restarts=req.restarts, inventory=req.inventory, group=req.group, per_node=1,
-                                      runs_dir=req.runs_dir, command=tuple(req.command), log=lambda line: None)
+        self.config = replace(config, log=lambda line: None)
         self.lost: dict[str, str] = {}  # nodes restarts left out: later runs go without them
-        self.root = runs.ensure_writable(req.runs_dir)
+        self.root = runs.ensure_writable(config.runs_dir)
         self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
@@ -212,11 +205,11 @@ class Bench:
             if e["event"] == "epoch":
                 acc = f", val_accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
                 ips = f", {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
-                self.req.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
+                self.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
 
         first = Attempt.first(config, excluded={**others, **self.lost})
         started, outcome = supervisor.supervise(config, lambda one: launch.execute(one, on_event, lambda line: None),
-                                                lambda said: self.req.log(f"  {what}: {said}"), first)
+                                                lambda said: self.log(f"  {what}: {said}"), first)
         if outcome.state is runs.Status.INTERRUPTED:  # the user's stop ends the bench, not only this run
             raise Interrupted(f"bench {self.dir.name} interrupted during run {started.run.id}",
                               f"what it measured before is in {self.dir / 'bench.json'}")
@@ -253,7 +246,7 @@ class Bench:
         compares N on one trajectory and the median is over several, not over one replayed."""
         if self.program.job is None:
             return self.program
-        o = self.req.options
+        o = self.options
         steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
@@ -261,14 +254,14 @@ class Bench:
         steps = min(steps, o.max_steps) if o.max_steps else steps
         if sync is not None:
             o = replace(o, sync_every=sync.sync_every, sync_mode=sync.sync_mode)
-        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
+        return programs.resolve(self.program.name, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
     def _seed(self, attempt: int) -> int:
-        return self.req.options.seed + attempt - 1
+        return self.options.seed + attempt - 1
 
     def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None) -> Trial:
-        what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
+        what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.repeat}" + (f", on {on} beside {beside} more" if on else "")
         if sync is not None:
             what += f", --sync-every {sync.sync_every} {sync.sync_mode.value}"
         program = self.program_for(n, attempt, sync)
@@ -276,7 +269,7 @@ class Bench:
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
-            self.req.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
+            self.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
@@ -318,11 +311,11 @@ class Bench:
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
-        req, log = self.req, self.req.log
+        log = self.log
         self.dir.mkdir()
         nbytes = self.gradient
         log(f"bench {self.dir.name}: {self.program.name} ({self.strategy.name}) on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
-            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
+            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {self.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
             + (" (fp16 on the wire)" if self.fp16 else ""))
         for n in (n for n in self.nodes if n > 1):
             ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
@@ -330,7 +323,7 @@ class Bench:
                 f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, and {ar.idle_cpu_per_second * 1e3:.1f} ms a second between allreduces; "
                 f"latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
             self.save()
-        for attempt in range(1, req.repeat + 1):
+        for attempt in range(1, self.repeat + 1):
             for n in self.nodes:
                 if n > len(self.left):
                     log(f"(c) {n} nodes, try {attempt}: skipped, {len(self.left)} left after losing {', '.join(self.lost)}")
@@ -342,16 +335,16 @@ class Bench:
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial) + f"  ({trial.run})")
                 self.save()
-                if n > 1 and req.reference is Reference.CONCURRENT:
+                if n > 1 and self.reference_mode is Reference.CONCURRENT:
                     alongside = self.train_concurrently(n, attempt)
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
                                     for host, t in zip(self.left, alongside, strict=True)))
                     self.save()
-                if n > 1 and req.sync_candidates:
+                if n > 1 and self.sync_candidates:
                     self.try_syncs(n, attempt)
-        if req.sync_candidates:
+        if self.sync_candidates:
             self.choose_sync()
         points = self.points()
         body = self.save(points)
@@ -386,7 +379,7 @@ class Bench:
         found = []
         # An outer step (--outer-lr, --outer-momentum) is the weights mode's: given one, only it is a candidate.
         modes = list(SyncMode) if self.sync.plain_average else [SyncMode.WEIGHTS]
-        for k in sorted(set(self.req.sync_candidates or ())):
+        for k in sorted(set(self.sync_candidates or ())):
             for mode in modes:
                 if k == 1 and mode is SyncMode.WEIGHTS:
                     continue  # averaging every step sends what an allreduce of gradients does, later
@@ -399,7 +392,7 @@ class Bench:
         if n not in self.sync_predicted:
             self.sync_predicted[n] = self.predict_syncs(n) if 1 in self.nodes else []
             if self.sync_predicted[n]:
-                self.req.log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
+                self.log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
                     f"{c.sync_every} {c.sync_mode} {c.predicted:.0%} ({c.predicted_range[0]:.0%}-{c.predicted_range[1]:.0%})"
                     for c in self.sync_predicted[n]))
         return self.sync_predicted[n]
@@ -411,14 +404,14 @@ class Bench:
                 continue  # the N-loop's own try just measured it
             trial = self.train(n, attempt, sync=c.sync)
             self.trials.append(trial)
-            self.req.log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
+            self.log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
                          + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial)
                          + f"  ({trial.run})")
             self.save()
 
     def choose_sync(self) -> None:
         """(s): the choice at the largest N the candidates were measured at, among each mode's best and the N-loop's own."""
-        log = self.req.log
+        log = self.log
         n = max((m for m in self.sync_predicted if self.sync_predicted[m]), default=None)
         if n is None:
             log("(s) no --sync-every chosen: a choice needs 1 and a larger N in --nodes, measured")
@@ -447,7 +440,7 @@ class Bench:
 
     def reference(self, n: int) -> float | None:
         """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""
-        if n > 1 and self.req.reference is Reference.CONCURRENT:
+        if n > 1 and self.reference_mode is Reference.CONCURRENT:
             return median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
         return median([t.images_per_sec for t in self._trials(1)])
 
@@ -467,7 +460,7 @@ class Bench:
         how = "when backprop produces each gradient" if self.gradients else "half of the allreduce hidden"
         cpu = (f"the communication's CPU taken from the training's {cores:.2f} cores" if cores
                else "the communication's CPU not counted (the one-node run did not clock its CPU)")
-        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a), {how} and {cpu}; "
+        self.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a), {how} and {cpu}; "
                      "in brackets, nothing hidden and its CPU paid to all of it hidden and its CPU free: "
                      + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
 
@@ -493,9 +486,9 @@ class Bench:
 
     def save(self, points: list[Point] | None = None) -> dict[str, Any]:
         body = {
-            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
-            "inventory": record.where(self.req.inventory),
-            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
+            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": list(self.config.command),
+            "inventory": record.where(self.config.inventory),
+            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.repeat, "reference": self.reference_mode.value,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16,
             "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
             "busy_cores": self.busy_cores(),
