@@ -12,7 +12,7 @@ import pytest
 
 from edgetrain.controller import plots
 from edgetrain.controller.bench import model, record, runner
-from edgetrain.shared import runs, untrusted
+from edgetrain.shared import jobs, runs, untrusted
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import Sync, SyncMode
@@ -90,11 +90,11 @@ def test_a_node_whose_training_fills_its_cpu_pays_for_communicating_even_when_th
 
 
 def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolutions_to_hide_it():
-    from edgetrain.controller import overlap, program as programs
+    from edgetrain.controller import overlap
 
-    keras = runner.model_of(programs.resolve("lenet", [], programs.JobOptions()))
-    assert runner.gradient_bytes_of(keras) == 4 * 1_630_090
-    gradients = overlap.schedule(keras)
+    lenet = jobs.get("lenet")
+    assert lenet.gradient_bytes({}) == 4 * 1_630_090
+    gradients = overlap.schedule(lenet.layers({}))
     # Backprop order: Dense(10), Dense(512), then the two convolutions; multiply-adds per example
     # 5,120 / 1,605,632 / 3,612,672 / 225,792, the first convolution without its input's gradient.
     forward = 5_120 + 1_605_632 + 3_612_672 + 225_792
@@ -119,6 +119,19 @@ def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolut
     e = model.predict(step, ar, gradients=gradients)
     assert e.low < e.expected < e.high
     assert e.expected == pytest.approx(step / (step + long))
+
+
+@pytest.mark.parametrize(("job", "options"), [("lenet", {}), ("fashion", {"depth": 2, "width": 16}), ("fashion", {"depth": 1, "width": 4})])
+def test_a_jobs_spec_declares_the_layers_its_keras_model_has(job, options):
+    """The controller knows a model by its spec (it imports no TensorFlow); the rank builds it. Each
+    trainable layer, in Keras' order: its forward multiply-adds (a kernel's size at each output
+    position) and its trainable parameters."""
+    import math
+    built = jobs.get(job).load().model(options)
+    keras = [jobs.Layer(math.prod(int(d) for d in layer.output.shape[1:-1]) * int(layer.kernel.shape.num_elements())
+                        if hasattr(layer, "kernel") else 0, sum(int(w.shape.num_elements()) for w in layer.trainable_weights))
+             for layer in built.layers if layer.trainable_weights]
+    assert list(jobs.get(job).layers(options)) == keras
 
 
 def _run_with(path, records: list[dict]) -> runs.Run:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import asdict, replace
@@ -49,18 +48,6 @@ def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count
         raise UsageError(f"{flag} {spec!r} names no {what}", f"e.g. {flag} 1-4")
     return found
 
-
-def model_of(program: Program) -> Any:
-    """A built-in job's Keras model, as its options build it (None for a script)."""
-    if program.job is None:
-        return None
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines are not this command's output
-    return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
-
-
-def gradient_bytes_of(model: Any) -> int:
-    """A model's gradient: 4 bytes per trainable parameter."""
-    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
 
 def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
     """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
@@ -170,11 +157,14 @@ class Bench:
                              "bench the script with its own setting, e.g. -- --sync-every 4")
         if sync_candidates and min(sync_candidates) < 1:
             raise UsageError(f"--sync-candidates {min(sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
-        model = model_of(self.program)
-        if model is None and not gradient_bytes:
+        self.gradients: list[overlap.Gradient] | None = None  # a built-in job's, from its spec's layers
+        if job is not None:
+            self.gradient = gradient_bytes or job.gradient_bytes(self.program.checkpoint_options)
+            self.gradients = overlap.schedule(job.layers(self.program.checkpoint_options))
+        elif gradient_bytes:
+            self.gradient = gradient_bytes
+        else:
             raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
-        self.gradient = gradient_bytes or gradient_bytes_of(model)
-        self.gradients = overlap.schedule(model) if model is not None else None
         # Every run of the bench is this config with its own program and N (one rank per node).
         self.config = replace(config, log=lambda line: None)
         self.lost: dict[str, str] = {}  # nodes restarts left out: later runs go without them
