@@ -141,6 +141,17 @@ def _run_with(path, records: list[dict]) -> runs.Run:
     return run
 
 
+def test_time_to_the_target_is_read_one_way_for_runs_show_and_bench(tmp_path):
+    # The ranks were told 0.97 (their mark); bench times a script's run to its own 0.98.
+    evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "val_accuracy": acc,
+              "target_accuracy": 0.97, **({"reached": True} if acc >= 0.97 else {})} for k, acc in ((1, 0.95), (2, 0.975), (3, 0.985))]
+    run = _run_with(tmp_path / "r", evals)
+    assert runs.first_reaching(run)["step"] == 20
+    assert "reached 97% val accuracy at 80" in runs.time_to_target(run)
+    assert runs.first_reaching(run, 0.98)["step"] == 30
+    assert runs.first_reaching(run, 0.99) is None
+
+
 def test_the_cores_a_runs_training_keeps_busy_come_from_its_last_evaluation(tmp_path):
     # Two ranks, one a node: 30 CPU-s in 60 s of training steps is a quarter of a core on each.
     evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "train_seconds": 30.0 * k,

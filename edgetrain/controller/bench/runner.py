@@ -49,16 +49,6 @@ def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count
     return found
 
 
-def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
-    """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
-    if target is None:
-        return None, None
-    for e in run.evaluations():
-        if e["val_accuracy"] >= target and e.get("seconds") is not None:
-            return e["seconds"], e.get("images")
-    return None, None
-
-
 def _steady_evaluations(run: runs.Run, *needs: str) -> list[dict[str, Any]]:
     """The run's evaluations that count training images and hold ``needs``, in the attempt that
     started it (a resume restarts the clocks)."""
@@ -264,7 +254,8 @@ class Bench:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
-        seconds, images = _seconds_to_target(run, self.target_accuracy)
+        reached = runs.first_reaching(run, self.target_accuracy) if self.target_accuracy is not None else None
+        seconds, images = (reached.get("seconds"), reached.get("images")) if reached else (None, None)
         tested = run.test_score()
         attempts = run.record().attempts
         launched = attempts[-1].first_step_s if attempts else None
