@@ -10,7 +10,7 @@ from edgetrain.controller import overlap
 from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 
 
-@dataclass
+@dataclass(frozen=True)
 class Allreduce:
     nodes: int
     bytes: int

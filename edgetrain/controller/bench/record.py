@@ -54,7 +54,7 @@ def write(directory: Path, body: dict[str, Any]) -> None:
     tmp.replace(directory / BENCH)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trial:
     nodes: int
     run: str
@@ -76,7 +76,7 @@ class Trial:
     sync_mode: str = SyncMode.GRADS.value
     options: dict[str, Any] = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
 
-@dataclass
+@dataclass(frozen=True)
 class Point:
     """One N: the medians of its trials, and what was predicted for it."""
 
