@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 
-from edgetrain.controller import plots
 from edgetrain.controller.bench import model, record, runner
 from edgetrain.shared import jobs, runs, untrusted
 from edgetrain.controller.program import JobOptions
@@ -196,8 +195,9 @@ def test_images_per_cpu_second_are_read_between_the_first_and_last_evaluation(tm
     assert runner.cpu_rate(_run_with(tmp_path / "none", evals)) is None
 
 
-def _bench(target: str, runs_dir: Path, options: JobOptions = JobOptions(), **bench: Any) -> runner.Bench:
+def _bench(target: str, runs_dir: Path, options: JobOptions | None = None, **bench: Any) -> runner.Bench:
     """A bench as `edgetrain bench TARGET` makes one, on this machine."""
+    options = options or JobOptions()
     return runner.Bench(runner.configured(target, [], options, runs_dir=runs_dir), options, **bench)
 
 
