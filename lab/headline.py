@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgetrain.controller import bench, overlap, program as programs
+from edgetrain.controller import overlap, program as programs
+from edgetrain.controller.bench import model
 from edgetrain.shared.datasets import HOLDOUT_SPLIT
 from edgetrain.shared.job_options import BY_NAME
 from edgetrain.shared.sync import Sync
@@ -223,10 +224,12 @@ def model_k4() -> str:
     """What bench's model predicts at 100 Mbit/s for an allreduce every 4 accumulated batches: N x E(N)."""
     (name,) = LINKS[-1].benches
     b = body(name)
-    model = bench.model_of(programs.resolve(b["program"], [], programs.JobOptions()))
+    program = programs.resolve(b["program"], [], programs.JobOptions())
+    assert program.job is not None  # the headline benches are of a built-in job
+    layers = program.job.layers(program.checkpoint_options)
     (one,) = {p.one["images_per_sec"] for p in pairs_of(LINKS[-1])}  # its one seed's one-node try: bench's step t
     step = _batch(name) / one
-    found = [a["nodes"] * bench.predict(step, bench.Allreduce(**a), Sync(4), overlap.schedule(model), b["busy_cores"]).expected
+    found = [a["nodes"] * model.predict(step, model.Allreduce(**a), Sync(4), overlap.schedule(layers), b["busy_cores"]).expected
              for a in b["allreduce"]]
     return f"puts an allreduce every 4 batches at N x E(N) {' / '.join(f'{x:.2f}x' for x in found)} there"
 

@@ -4,7 +4,7 @@
 for each try, ``edgetrain run lenet`` once for every value, in turn (values interleaved, so each try
 shares this machine's hour), on a copy of the inventory whose ``edgetrain_mpi_env`` sets the
 variable to that value - the way a user would set it. Per value, the median steady img/s
-(edgetrain.controller.bench.steady_rate) and images per CPU-second over every rank's process
+(edgetrain.controller.bench.runner.steady_rate) and images per CPU-second over every rank's process
 (cpu_rate: where communicating costs a node CPU, it falls). ``--reference`` adds a one-node run
 per try, for E(N). The figures, with every run's id, go to ``knobs.json`` in the runs
 directory's newest ``*-knobs`` folder.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from edgetrain.controller.bench import cpu_rate, steady_rate
+from edgetrain.controller.bench.runner import cpu_rate, steady_rate
 from edgetrain.shared import runs
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from edgetrain.controller import bench
+from edgetrain.controller.bench import model, runner
 from edgetrain.shared import datasets, runs
 from edgetrain.controller.program import JobOptions
 
@@ -68,14 +68,14 @@ def seed(inv: str, n: int, target: float, epochs: int, runs_dir: str) -> dict:
 def edgetrain(inv: str, n: int, target: float, epochs: int, runs_dir: str, extra: list[str], holdout: int | None = None) -> dict:
     # Four times an epoch on bench's grid: a quarter that is not a multiple of the steps per execution
     # would lower them to the common divisor (a quarter of 78 steps ran 2 steps per call, not 8).
-    every = bench.evaluation_interval(datasets.trained_on("mnist", holdout) // n // 64, JobOptions().steps_per_execution)
+    every = model.evaluation_interval(datasets.trained_on("mnist", holdout) // n // 64, JobOptions().steps_per_execution)
     r = _edgetrain("run", "lenet", "--np", str(n), "-i", inv, "--epochs", str(epochs), "--target-accuracy", str(target),
                    "--eval-every", str(every), "--runs-dir", runs_dir, *(["--holdout", str(holdout)] if holdout else []), *extra)
     if r.returncode != 0:
         raise SystemExit(f"edgetrain on {n} nodes failed:\n{r.stderr[-2000:]}")
     run = runs.all_runs(Path(runs_dir))[-1]
     hit = next((e for e in run.evaluations() if e["val_accuracy"] >= target), None)
-    return {"who": "edgetrain", "nodes": n, "images_per_sec": round(bench.steady_rate(run) or 0, 1),
+    return {"who": "edgetrain", "nodes": n, "images_per_sec": round(runner.steady_rate(run) or 0, 1),
             "seconds_to_target": round(hit["seconds"], 1) if hit else None, "images_to_target": hit and hit.get("images"),
             "run": run.id, "extra": extra}
 

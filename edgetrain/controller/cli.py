@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from edgetrain.controller import bench as benching
+from edgetrain.controller.bench import record as bench_record, runner as bench_runner
 from edgetrain.controller import collect as collecting
 from edgetrain.controller import containers, shipping, speeds
 from edgetrain.shared import datasets, jobs, runs
@@ -123,13 +123,13 @@ def _launch_command(submitting: bool):
     ) -> None:
         np = _ranks(np, submitting)
         if target in jobs.JOBS:
-            options = benching.chosen_sync(options, runs_dir, target, inventory, np, _say)
+            options = bench_record.chosen_sync(options, runs_dir, target, inventory, np, _say)
         program = programs.resolve(target, list(script_args or []), options, workdir, dataset, requirements)
         config = configs.resolve(program, np=np, inventory=inventory, group=group, runtime=runtime, strategy=strategy, tf_port=tf_port,
                                  master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
                                  max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
                                  restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say,
-                                 speeds=speeds.from_bench(benching.latest(runs_dir, program.name, inventory), runs_dir) if batch_by is BatchBy.SPEED else None,
+                                 speeds=speeds.from_bench(bench_record.latest(runs_dir, program.name, inventory), runs_dir) if batch_by is BatchBy.SPEED else None,
                                  run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
         if submitting:
             _submit(config, ctx.meta[GIVEN])
@@ -179,11 +179,11 @@ def _attempt(started: launch.Launch) -> launch.Outcome:
     if started.placement.oversubscribed:
         host, n = started.placement.ranks[0]
         err_console.print(f"edgetrain: warning: {n} ranks on the {host.slots} slots of {host.name}: ranks share cores")
-    scaled = benching.latest(config.runs_dir, config.program.name, config.inventory)
+    scaled = bench_record.latest(config.runs_dir, config.program.name, config.inventory)
     advice = None
     if scaled:
         try:
-            advice = benching.advice(scaled, len(started.placement.hosts))
+            advice = bench_record.advice(scaled, len(started.placement.hosts))
         except Exception as exc:  # noqa: BLE001 - advice from anyone's bench.json, after the run has started: never its end
             advice = f"edgetrain bench's advice left out: {scaled.get('path')} did not read as a bench ({type(exc).__name__}: {exc})"
     if advice:
@@ -238,7 +238,7 @@ def bench(
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
     gradient_mb: Annotated[float | None, typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
-    reference: Annotated[benching.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = benching.Reference.ALONE,
+    reference: Annotated[bench_runner.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = bench_runner.Reference.ALONE,
     master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
@@ -249,12 +249,12 @@ def bench(
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
-    req = benching.BenchRequest(target, list(script_args or []), options, inventory, group, benching.parse_nodes(nodes), repeat,
-                                int(gradient_mb * 1e6) if gradient_mb else None, strategy=strategy, runs_dir=runs_dir, command=["edgetrain", *sys.argv[1:]],
-                                log=_say, reference=reference, master_port=master_port,
-                                restarts=configs.RestartPolicy(max_restarts, min_nodes),
-                                sync_candidates=benching.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
-    b = benching.Bench(req)
+    config = bench_runner.configured(target, list(script_args or []), options, strategy=strategy, master_port=master_port,
+                                     restarts=configs.RestartPolicy(max_restarts, min_nodes), inventory=inventory, group=group,
+                                     runs_dir=runs_dir, command=("edgetrain", *sys.argv[1:]), log=_say)
+    b = bench_runner.Bench(config, options, nodes=bench_runner.parse_nodes(nodes), repeat=repeat,
+                           gradient_bytes=int(gradient_mb * 1e6) if gradient_mb else None, reference=reference,
+                           sync_candidates=bench_runner.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
     points = b.run()
     goal = b.target_accuracy
     table = Table("N", "img/s", "img/CPU-s", "1 node img/s", "E(N)", "E predicted", "allreduce ms", "allreduce share",

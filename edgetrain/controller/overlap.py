@@ -1,4 +1,4 @@
-"""How much of a step's allreduce backprop can hide, from a Keras model's layers.
+"""How much of a step's allreduce backprop can hide, from a job's layers (edgetrain.shared.jobs.Layer).
 
 Horovod starts a gradient's allreduce at the first turn of its cycle after backprop has produced
 it, while backprop goes on through the earlier layers; later gradients queue behind it on the link.
@@ -11,8 +11,10 @@ the convolutions' backprop, 46% of the step, is left to hide its allreduce.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from edgetrain.shared.jobs import Layer
 
 
 @dataclass(frozen=True)
@@ -21,21 +23,10 @@ class Gradient:
     share: float  # its share of the gradient's bytes
 
 
-def _macs(layer) -> int:
-    """Forward multiply-adds per example of a layer with a kernel (Dense and convolutions, channels
-    last): the kernel's size at each output position. Layers without one cost nothing here."""
-    kernel = getattr(layer, "kernel", None)
-    if kernel is None:
-        return 0
-    positions = math.prod(int(d) for d in layer.output.shape[1:-1])
-    return positions * int(kernel.shape.num_elements())
-
-
-def schedule(model) -> list[Gradient]:
-    """The model's trainable layers in the order backprop produces their gradients."""
-    layers = [layer for layer in model.layers if layer.trainable_weights]
-    macs = [_macs(layer) for layer in layers]
-    params = [sum(int(w.shape.num_elements()) for w in layer.trainable_weights) for layer in layers]
+def schedule(layers: Sequence[Layer]) -> list[Gradient]:
+    """A model's trainable layers (in forward order) in the order backprop produces their gradients."""
+    macs = [layer.macs for layer in layers]
+    params = [layer.params for layer in layers]
     backward = [m if i == 0 else 2 * m for i, m in enumerate(macs)]
     total = sum(macs) + sum(backward)
     if total == 0:  # no layer with a kernel: nothing to place

@@ -8,42 +8,12 @@ more runs' accuracy and img/s over their time.
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 
-from edgetrain.shared import runs, untrusted
-from edgetrain.shared.sync import EVERY_STEP, SyncMode
+from edgetrain.controller.bench.record import BENCH, read
+from edgetrain.shared import runs
+from edgetrain.shared.sync import EVERY_STEP
 from edgetrain.shared.errors import EdgetrainError, UsageError
-
-BENCH = "bench.json"
-
-# What of bench.json is read back (run's advice, plots): a bench directory is a run directory,
-# as open to damage as run.json (edgetrain.shared.untrusted).
-_FIGURE = untrusted.Maybe(untrusted.NUMBER)
-_TRIAL = untrusted.Obj(optional={"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})
-_NODES = untrusted.Matches(re.compile(r"[1-9][0-9]{0,3}"), "a number of nodes")
-_SYNC_MODE = untrusted.Matches(re.compile("|".join(m.value for m in SyncMode)), "a --sync-mode")
-SCHEMA = untrusted.Obj(
-    {"points": untrusted.Maybe(untrusted.ListOf(untrusted.Obj(
-        {"nodes": (int,), "trials": untrusted.ListOf(_TRIAL)},
-        {k: _FIGURE for k in ("images_per_sec", "efficiency", "reference", "seconds_to_target")})))},
-    {"inventory": untrusted.Maybe((str,)), "target_accuracy": _FIGURE,
-     "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES),
-     "predicted_range": untrusted.MapOf(untrusted.ListOf(untrusted.NUMBER, 2), _NODES),
-     "sync_every": (int,), "sync_mode": _SYNC_MODE,
-     "sync_candidates": untrusted.ListOf(untrusted.Obj(
-         {"sync_every": (int,), "sync_mode": _SYNC_MODE, "nodes": (int,)},
-         {"predicted": _FIGURE, "images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})),
-     # What `run --sync-every auto` takes: checked here, and again as the option it becomes.
-     "sync_choice": untrusted.Maybe(untrusted.Obj(
-         {"sync_every": (int,), "nodes": (int,), "by": (str,), "sync_mode": _SYNC_MODE},
-         {"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE}))})
-
-
-def read(path: Path) -> dict:
-    """A bench.json, checked against SCHEMA: OSError where it cannot be read, ValueError saying what is damaged."""
-    return untrusted.check(untrusted.load(path), SCHEMA)
-
 
 def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] | None = None) -> Path:
     """One figure of the runs, or of the benches, ``ids`` names (ids or unique prefixes in ``root``):

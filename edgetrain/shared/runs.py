@@ -403,13 +403,23 @@ def summarize(run: Run) -> Summary:
     )
 
 
+def first_reaching(run: Run, target: float | None = None) -> dict[str, Any] | None:
+    """The run's first evaluation at its target accuracy, the one time to the target is read from
+    (`runs show`, bench, and so the lab): at ``target`` where given (bench's, which a script's ranks
+    are not told), else at the target its ranks were given (their ``reached`` mark)."""
+    for e in run.evaluations():
+        if (e["val_accuracy"] >= target if target is not None else e.get("reached")):
+            return e
+    return None
+
+
 def time_to_target(run: Run) -> str | None:
     """When the run's evaluations reached its target accuracy (or that they did not, with the best
     one); None for a run without evaluation records."""
     evals = run.evaluations()
     if not evals:
         return None
-    reached = next((e for e in evals if e.get("reached")), None)
+    reached = first_reaching(run)
     target = next((e["target_accuracy"] for e in reversed(evals) if "target_accuracy" in e), None)
     best = reached or max(evals, key=lambda e: e["val_accuracy"])
     # Evaluation time is inside the clock; say how much of it, from the same attempt's records.

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import containers, images
-from edgetrain.controller.bench import evaluation_interval
+from edgetrain.controller.bench.model import evaluation_interval
 from edgetrain.shared import datasets, job_options, progress, runs
 from edgetrain.shared.jobs import get as get_job
 from lab.emulation import SEED as SCRIPT

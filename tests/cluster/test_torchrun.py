@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pytest
 
 from edgetrain.controller import images
-from edgetrain.controller.bench import evaluation_interval
+from edgetrain.controller.bench.model import evaluation_interval
 from edgetrain.shared import datasets
 from edgetrain.shared import runs
 from tests.conftest import ROOT

@@ -4,12 +4,14 @@ machine in tests/mpi/test_bench.py, and measures for real on the testbed in test
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 from dataclasses import replace
 
 import pytest
 
-from edgetrain.controller import bench, plots
-from edgetrain.shared import runs, untrusted
+from edgetrain.controller.bench import model, record, runner
+from edgetrain.shared import jobs, runs, untrusted
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import Sync, SyncMode
@@ -46,52 +48,52 @@ def test_a_script_needs_its_gradient_size(tmp_path):
 
 
 def test_prediction_is_a_band_from_nothing_hidden_to_the_whole_allreduce_hidden():
-    ar = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010, run="r",
+    ar = model.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                          cycle_seconds=0.040)
     # One node: 64 images at 250 img/s, 256 ms a step; the allreduce adds 80 ms and half a 40 ms cycle
     # when nothing hides it, only the wait when the step hides it all.
-    e = bench.predict(64 / 250, ar)
+    e = model.predict(64 / 250, ar)
     assert (e.low, e.high) == pytest.approx((0.256 / 0.356, 0.256 / 0.276))
     # Without a model (a script), the estimate hides half of the allreduce.
     assert e.expected == pytest.approx(0.256 / (0.256 + 0.100 - 0.040))
     # Accumulating two batches per allreduce halves what it adds to a step.
-    assert bench.predict(64 / 250, ar, Sync(2)).low == pytest.approx(0.256 / 0.306)
+    assert model.predict(64 / 250, ar, Sync(2)).low == pytest.approx(0.256 / 0.306)
     # Syncing weights every 2 steps: the same share, none of it hidden behind a step (the models are
     # averaged between steps), so the estimate is the band's bottom and its top pays no hidden part.
-    weights = bench.predict(64 / 250, ar, Sync(2, "weights"))
+    weights = model.predict(64 / 250, ar, Sync(2, "weights"))
     assert weights.expected == weights.low == pytest.approx(0.512 / (0.512 + 0.100))
     assert weights.high == pytest.approx(0.512 / (0.512 + 0.100))
     # A step cannot hide an allreduce longer than itself: the excess stays exposed.
-    slow = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
+    slow = model.Allreduce(nodes=2, bytes=6_520_360, seconds=0.400, cpu_seconds=0.05, latency_seconds=0.010, run="r",
                            cycle_seconds=0.040)
-    assert bench.predict(64 / 250, slow).high == pytest.approx(0.256 / (0.256 + 0.144 + 0.020))
+    assert model.predict(64 / 250, slow).high == pytest.approx(0.256 / (0.256 + 0.144 + 0.020))
 
 
 def test_a_node_whose_training_fills_its_cpu_pays_for_communicating_even_when_the_allreduce_is_hidden():
     # 50 ms of CPU per allreduce, and 20 ms a second between allreduces (Horovod's cycle).
-    ar = bench.Allreduce(nodes=2, bytes=690_000, seconds=0.020, cpu_seconds=0.050, latency_seconds=0.001, run="r",
+    ar = model.Allreduce(nodes=2, bytes=690_000, seconds=0.020, cpu_seconds=0.050, latency_seconds=0.001, run="r",
                          cycle_seconds=0.010, idle_cpu_per_second=0.020)
     step = 0.500
     assert ar.cpu_per_update(step) == pytest.approx(0.050 + 0.010)
-    free = bench.predict(step, ar)
+    free = model.predict(step, ar)
     # An emulated Pi's training keeps 0.2 of a core busy: 60 ms of CPU there is 300 ms of its training.
-    quota = bench.predict(step, ar, cores=0.2)
+    quota = model.predict(step, ar, cores=0.2)
     assert quota.low == pytest.approx(step / (step + 0.025 + 0.300))
     assert quota.expected == pytest.approx(step / (step + 0.025 - 0.010 + 0.300))
     # The band's top is the communication on CPU the training leaves idle: unchanged.
     assert quota.high == free.high == pytest.approx(step / (step + 0.005))
     # A Pi's training on four cores pays a twentieth of that; unknown cores, nothing.
-    four = bench.predict(step, ar, cores=4)
+    four = model.predict(step, ar, cores=4)
     assert four.expected == pytest.approx(step / (step + 0.015 + 0.015))
     assert quota.expected < four.expected < free.expected == pytest.approx(step / (step + 0.015))
 
 
 def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolutions_to_hide_it():
-    from edgetrain.controller import overlap, program as programs
+    from edgetrain.controller import overlap
 
-    model = bench.model_of(programs.resolve("lenet", [], programs.JobOptions()))
-    assert bench.gradient_bytes(model) == 4 * 1_630_090
-    gradients = overlap.schedule(model)
+    lenet = jobs.get("lenet")
+    assert lenet.gradient_bytes({}) == 4 * 1_630_090
+    gradients = overlap.schedule(lenet.layers({}))
     # Backprop order: Dense(10), Dense(512), then the two convolutions; multiply-adds per example
     # 5,120 / 1,605,632 / 3,612,672 / 225,792, the first convolution without its input's gradient.
     forward = 5_120 + 1_605_632 + 3_612_672 + 225_792
@@ -112,10 +114,23 @@ def test_lenets_backprop_produces_its_dense_kernel_first_and_leaves_the_convolut
     queued = sum(g.share for g in gradients[1:])
     assert long == pytest.approx(dense.ready * step + cycle / 2 + 0.200 * queued - step)
     # The estimate lies inside the band, and follows the hidden share.
-    ar = bench.Allreduce(4, 4 * 1_630_090, 0.200, 0.05, 0.001, "r", "gloo", cycle)
-    e = bench.predict(step, ar, gradients=gradients)
+    ar = model.Allreduce(4, 4 * 1_630_090, 0.200, 0.05, 0.001, "r", "gloo", cycle)
+    e = model.predict(step, ar, gradients=gradients)
     assert e.low < e.expected < e.high
     assert e.expected == pytest.approx(step / (step + long))
+
+
+@pytest.mark.parametrize(("job", "options"), [("lenet", {}), ("fashion", {"depth": 2, "width": 16}), ("fashion", {"depth": 1, "width": 4})])
+def test_a_jobs_spec_declares_the_layers_its_keras_model_has(job, options):
+    """The controller knows a model by its spec (it imports no TensorFlow); the rank builds it. Each
+    trainable layer, in Keras' order: its forward multiply-adds (a kernel's size at each output
+    position) and its trainable parameters."""
+    import math
+    built = jobs.get(job).load().model(options)
+    keras = [jobs.Layer(math.prod(int(d) for d in layer.output.shape[1:-1]) * int(layer.kernel.shape.num_elements())
+                        if hasattr(layer, "kernel") else 0, sum(int(w.shape.num_elements()) for w in layer.trainable_weights))
+             for layer in built.layers if layer.trainable_weights]
+    assert list(jobs.get(job).layers(options)) == keras
 
 
 def _run_with(path, records: list[dict]) -> runs.Run:
@@ -125,15 +140,26 @@ def _run_with(path, records: list[dict]) -> runs.Run:
     return run
 
 
+def test_time_to_the_target_is_read_one_way_for_runs_show_and_bench(tmp_path):
+    # The ranks were told 0.97 (their mark); bench times a script's run to its own 0.98.
+    evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "val_accuracy": acc,
+              "target_accuracy": 0.97, **({"reached": True} if acc >= 0.97 else {})} for k, acc in ((1, 0.95), (2, 0.975), (3, 0.985))]
+    run = _run_with(tmp_path / "r", evals)
+    assert runs.first_reaching(run)["step"] == 20
+    assert "reached 97% val accuracy at 80" in runs.time_to_target(run)
+    assert runs.first_reaching(run, 0.98)["step"] == 30
+    assert runs.first_reaching(run, 0.99) is None
+
+
 def test_the_cores_a_runs_training_keeps_busy_come_from_its_last_evaluation(tmp_path):
     # Two ranks, one a node: 30 CPU-s in 60 s of training steps is a quarter of a core on each.
     evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "train_seconds": 30.0 * k,
               "eval_seconds": 5.0, "val_accuracy": 0.9, "ranks": 2, "train_cpu_seconds": 15.0 * k} for k in (1, 2)]
-    assert bench.busy_cores_of(_run_with(tmp_path / "two", evals)) == pytest.approx(0.25)
+    assert runner.busy_cores_of(_run_with(tmp_path / "two", evals)) == pytest.approx(0.25)
     # A run stopped at its first evaluation has it too; a run without the CPU clock has none.
-    assert bench.busy_cores_of(_run_with(tmp_path / "one", evals[:1])) == pytest.approx(0.25)
+    assert runner.busy_cores_of(_run_with(tmp_path / "one", evals[:1])) == pytest.approx(0.25)
     unclocked = [{k: v for k, v in e.items() if k != "train_cpu_seconds"} for e in evals]
-    assert bench.busy_cores_of(_run_with(tmp_path / "none", unclocked)) is None
+    assert runner.busy_cores_of(_run_with(tmp_path / "none", unclocked)) is None
 
 
 def test_steady_rate_leaves_out_warm_up_and_evaluations(tmp_path):
@@ -142,9 +168,9 @@ def test_steady_rate_leaves_out_warm_up_and_evaluations(tmp_path):
               "eval_seconds": 5.0, "val_accuracy": 0.9 + k / 100} for k in (1, 2, 3)]
     run = _run_with(tmp_path / "stopped", [*evals, {"epoch": 1, "images_per_sec": 200.0}])
     # Between the first and last evaluation: 12,800 images in 80 s, less the two later evaluations' 10 s.
-    assert bench.steady_rate(run) == pytest.approx(12_800 / 70)
+    assert runner.steady_rate(run) == pytest.approx(12_800 / 70)
     one_eval = _run_with(tmp_path / "one-eval", [evals[0], {"epoch": 1, "images_per_sec": 200.0}])
-    assert bench.steady_rate(one_eval) == 200.0
+    assert runner.steady_rate(one_eval) == 200.0
 
 
 def test_steady_rate_counts_training_steps_only_when_the_records_say(tmp_path):
@@ -155,18 +181,24 @@ def test_steady_rate_counts_training_steps_only_when_the_records_say(tmp_path):
              {"kind": "eval", "epoch": 2, "step": 120, "images": 15360, "seconds": 81.0, "eval_seconds": 6.0,
               "train_seconds": 62.0, "val_accuracy": 0.97}]
     run = _run_with(tmp_path / "two-epochs", [*evals, {"epoch": 2, "images_per_sec": 256.0}])
-    assert bench.steady_rate(run) == pytest.approx(7680 / 30)
+    assert runner.steady_rate(run) == pytest.approx(7680 / 30)
 
 
 def test_images_per_cpu_second_are_read_between_the_first_and_last_evaluation(tmp_path):
     evals = [{"kind": "eval", "epoch": 1, "step": 100 * k, "images": 6400 * k, "seconds": 40.0 * k, "eval_seconds": 5.0,
               "train_cpu_seconds": 70.0 * k, "val_accuracy": 0.9 + k / 100} for k in (1, 2, 3)]
     run = _run_with(tmp_path / "cpu", [*evals, {"epoch": 1, "images_per_sec": 200.0}])
-    assert bench.cpu_rate(run) == pytest.approx(12_800 / 140)
+    assert runner.cpu_rate(run) == pytest.approx(12_800 / 140)
     # Records without the CPU clock (a torch or tf-multiworker script, an older run): no figure, not a guess.
     for e in evals:
         del e["train_cpu_seconds"]
-    assert bench.cpu_rate(_run_with(tmp_path / "none", evals)) is None
+    assert runner.cpu_rate(_run_with(tmp_path / "none", evals)) is None
+
+
+def _bench(target: str, runs_dir: Path, options: JobOptions | None = None, **bench: Any) -> runner.Bench:
+    """A bench as `edgetrain bench TARGET` makes one, on this machine."""
+    options = options or JobOptions()
+    return runner.Bench(runner.configured(target, [], options, runs_dir=runs_dir), options, **bench)
 
 
 def _body(rates: dict[int, float]) -> dict:
@@ -174,13 +206,13 @@ def _body(rates: dict[int, float]) -> dict:
     return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}
 
 
-@pytest.mark.parametrize(("reference", "one_at_two"), [(bench.Reference.ALONE, 100.0), (bench.Reference.CONCURRENT, 85.0)])
+@pytest.mark.parametrize(("reference", "one_at_two"), [(runner.Reference.ALONE, 100.0), (runner.Reference.CONCURRENT, 85.0)])
 def test_e_n_divides_by_one_node_alone_or_by_the_one_node_runs_made_beside_each_other(tmp_path, reference, one_at_two):
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", reference=reference))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", reference=reference)
     b.nodes = [1, 2]
 
-    def trial(n: int, ips: float, beside: int = 0) -> bench.Trial:
-        return bench.Trial(n, f"run-{n}-{ips}", ips, None, None, "completed", beside=beside)
+    def trial(n: int, ips: float, beside: int = 0) -> record.Trial:
+        return record.Trial(n, f"run-{n}-{ips}", ips, None, None, "completed", beside=beside)
 
     b.trials = [trial(1, 100.0), trial(2, 180.0), trial(1, 80.0, beside=1), trial(1, 90.0, beside=1)]
     one, two = b.points()
@@ -190,15 +222,15 @@ def test_e_n_divides_by_one_node_alone_or_by_the_one_node_runs_made_beside_each_
 
 
 def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
-    assert bench.advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
-    warning = bench.advice(_body({1: 231, 2: 165, 3: 160}), 3)
+    assert record.advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
+    warning = record.advice(_body({1: 231, 2: 165, 3: 160}), 3)
     assert "160 img/s" in warning and "231 img/s on 1" in warning
-    assert bench.advice(_body({1: 250, 2: 450, 3: 640}), 3) is None
-    assert bench.advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
+    assert record.advice(_body({1: 250, 2: 450, 3: 640}), 3) is None
+    assert record.advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
 
 
 def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", runs_dir=tmp_path / "runs")
 
     def seed(n: int, attempt: int) -> str:
         args = list(b.program_for(n, attempt).args)
@@ -206,19 +238,19 @@ def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
 
     assert [seed(1, k) for k in (1, 2, 3)] == ["42", "43", "44"]
     assert seed(1, 2) == seed(b.nodes[-1], 2)
-    b = bench.Bench(bench.BenchRequest("lenet", options=JobOptions(seed=7), runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", options=JobOptions(seed=7), runs_dir=tmp_path / "runs")
     assert [seed(1, k) for k in (1, 2)] == ["7", "8"]
 
 
 def test_each_try_records_what_it_trained_on_the_held_out_split_included(tmp_path):
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, seed=50)))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, seed=50))
     trained = b.program_for(3, 2, Sync(2, SyncMode.GRADS)).trained_with
     assert {k: trained[k] for k in ("seed", "holdout", "holdout_split", "sync_every", "sync_mode", "batch_size", "epochs",
                                     "lr_scaling")} == {
         "seed": 51, "holdout": 6000, "holdout_split": 2, "sync_every": 2, "sync_mode": "grads", "batch_size": 64,
         "epochs": 1, "lr_scaling": 1.0}
     assert json.loads(json.dumps(trained)) == trained  # as bench.json keeps it, with each try
-    split0 = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, holdout_split=0)))
+    split0 = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000, holdout_split=0))
     assert split0.program_for(1).trained_with["holdout_split"] == 0
 
 
@@ -231,34 +263,34 @@ def test_the_cli_takes_the_first_tries_seed(tmp_path):
 def test_jobs_are_evaluated_four_times_an_epoch_between_executions_and_never_just_before_its_end(tmp_path):
     # LeNet's epochs at 1-4 nodes of batch 64, and one shorter than four executions.
     for steps in (937, 468, 312, 234, 20):
-        every = bench.evaluation_interval(steps, 8)
+        every = model.evaluation_interval(steps, 8)
         within = [k * every for k in range(1, steps // every + 1) if k * every < steps]
         # Rounded up: the last lands at most three executions closer to the end than a quarter.
         assert every % 8 == 0 and len(within) <= 3 and steps - within[-1] >= steps / 4 - 3 * 8, (steps, every)
-    assert [bench.evaluation_interval(s, 8) for s in (937, 312)] == [240, 80]  # not 232 (928, 9 steps before the end) or 72 (288)
+    assert [model.evaluation_interval(s, 8) for s in (937, 312)] == [240, 80]  # not 232 (928, 9 steps before the end) or 72 (288)
 
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs"))
+    b = _bench("lenet", runs_dir=tmp_path / "runs")
     args = list(b.program_for(1).args)
     assert args[args.index("--eval-every") + 1] == "240"
     # With --holdout the epoch is what is left of the training set: 54,000 examples, 843 steps.
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000)))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(holdout=6000))
     args = list(b.program_for(1).args)
-    assert args[args.index("--eval-every") + 1] == str(bench.evaluation_interval(843, 8)) != "240"
+    assert args[args.index("--eval-every") + 1] == str(model.evaluation_interval(843, 8)) != "240"
 
 
 def test_an_epoch_cut_short_by_max_steps_is_evaluated_four_times_at_every_n(tmp_path):
     # fashion, batch 32: epochs of 1875 / 937 / 625 steps at 1 / 2 / 3 nodes, all cut to 200; by the
     # whole epoch only three nodes would have evaluated before the end (at 160), and E(3) would have
     # set a steady rate against warm-up-laden ones.
-    b = bench.Bench(bench.BenchRequest("fashion", runs_dir=tmp_path / "runs", options=JobOptions(max_steps=200)))
+    b = _bench("fashion", runs_dir=tmp_path / "runs", options=JobOptions(max_steps=200))
     for n in (1, 2, 3):
         args = list(b.program_for(n).args)
         every = int(args[args.index("--eval-every") + 1])
-        assert every == bench.evaluation_interval(200, JobOptions().steps_per_execution) and 200 // every >= 3, (n, every)
+        assert every == model.evaluation_interval(200, JobOptions().steps_per_execution) and 200 // every >= 3, (n, every)
 
 
-def _candidate(k: int, mode: str, predicted: float, ips: float | None = None, seconds: float | None = None) -> bench.SyncCandidate:
-    return bench.SyncCandidate(k, mode, 3, predicted, (predicted - 0.1, predicted + 0.05), ips, seconds)
+def _candidate(k: int, mode: str, predicted: float, ips: float | None = None, seconds: float | None = None) -> model.SyncCandidate:
+    return model.SyncCandidate(k, mode, 3, predicted, (predicted - 0.1, predicted + 0.05), ips, seconds)
 
 
 def test_bench_measures_each_modes_best_predicted_k_and_chooses_by_time_to_target_then_by_img_s():
@@ -266,27 +298,27 @@ def test_bench_measures_each_modes_best_predicted_k_and_chooses_by_time_to_targe
                  _candidate(8, "grads", 0.88), _candidate(2, "weights", 0.80), _candidate(4, "weights", 0.86)]
     # The model predicts throughput, not how many images a mode needs: each mode's best is measured
     # (a tie goes to fewer syncs' K, the smaller).
-    assert [(c.sync_every, c.sync_mode) for c in bench.best_per_mode(predicted)] == [(4, "grads"), (4, "weights")]
+    assert [(c.sync_every, c.sync_mode) for c in model.best_per_mode(predicted)] == [(4, "grads"), (4, "weights")]
     fast_but_late = _candidate(4, "grads", 0.88, ips=900.0, seconds=120.0)
     slow_but_soon = _candidate(4, "weights", 0.86, ips=850.0, seconds=100.0)
     never = _candidate(1, "grads", 0.70, ips=700.0)
-    assert bench.choose([fast_but_late, slow_but_soon, never]) == (slow_but_soon, "time to the target")
+    assert model.choose([fast_but_late, slow_but_soon, never]) == (slow_but_soon, "time to the target")
     no_target = [replace(fast_but_late, seconds_to_target=None), replace(slow_but_soon, seconds_to_target=None)]
-    assert bench.choose(no_target) == (no_target[0], "img/s (no try reached the target)")
-    assert bench.choose([replace(never, images_per_sec=None)]) is None
+    assert model.choose(no_target) == (no_target[0], "img/s (no try reached the target)")
+    assert model.choose([replace(never, images_per_sec=None)]) is None
 
 
 def test_bench_predicts_every_candidate_k_in_both_modes_from_one_nodes_step_and_the_allreduce(tmp_path):
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4]))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4])
     b.nodes = [1, 2]
-    b.trials = [bench.Trial(1, "one", 250.0, None, None, "completed")]
-    ar = b.allreduce[2] = bench.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
+    b.trials = [record.Trial(1, "one", 250.0, None, None, "completed")]
+    ar = b.allreduce[2] = model.Allreduce(nodes=2, bytes=6_520_360, seconds=0.080, cpu_seconds=0.05, latency_seconds=0.010,
                                           run="r", cycle_seconds=0.040)
     found = b.predict_syncs(2)
     # Weights averaged every step would send what the gradients' allreduce does, later: not a candidate.
     assert [(c.sync_every, c.sync_mode) for c in found] == [(1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights")]
     for c in found:
-        assert c.predicted == pytest.approx(bench.predict(64 / 250, ar, Sync(c.sync_every, c.sync_mode), b.gradients).expected)
+        assert c.predicted == pytest.approx(model.predict(64 / 250, ar, Sync(c.sync_every, c.sync_mode), b.gradients).expected)
     grads = [c.predicted for c in found if c.sync_mode == "grads"]
     assert grads == sorted(grads) and grads[0] < grads[-1]  # fewer syncs, more of each step trains
 
@@ -321,13 +353,13 @@ def test_run_sync_every_auto_takes_the_newest_benchs_choice_for_the_program_and_
     _bench_with_choice(root, "20261204-000000-bench-lenet-dddd", {**chose, "sync_mode": "sideways"})  # damaged: passed over
     _bench_with_choice(root, "20261205-000000-bench-lenet-eeee", {**chose, "sync_every": 8}, inventory="/elsewhere")
     said: list[str] = []
-    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
+    options = record.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
     assert (options.sync_every, options.sync_mode) == (4, SyncMode.WEIGHTS)
     assert said == ["--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes "
                     "by time to the target"]
-    assert bench.chosen_sync(JobOptions(sync_every=2), root, "lenet", None, 3, said.append).sync_every == 2  # not auto: as given
+    assert record.chosen_sync(JobOptions(sync_every=2), root, "lenet", None, 3, said.append).sync_every == 2  # not auto: as given
     with pytest.raises(UsageError, match="no bench of fashion on this machine in .* chose one"):
-        bench.chosen_sync(JobOptions(sync_every=None), root, "fashion", None, 3, said.append)
+        record.chosen_sync(JobOptions(sync_every=None), root, "fashion", None, 3, said.append)
     # Through the CLI: the line, then the run's own first error (no ranks).
     r = edgetrain("run", "lenet", "--sync-every", "auto", "--np", "0", "--runs-dir", str(root))
     assert "--sync-every auto: 4 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb" in r.stdout, r.stdout
@@ -338,18 +370,18 @@ def test_run_sync_every_auto_takes_the_newest_benchs_choice_for_the_program_and_
 
 def test_advice_counts_the_best_k_the_bench_measured_and_warns_when_even_it_does_not_pay():
     body = _body({1: 231, 2: 165, 3: 160})
-    assert bench.advice(body, 3) is not None
+    assert record.advice(body, 3) is not None
     paid = {**body, "sync_choice": {"sync_every": 4, "sync_mode": "grads", "nodes": 3, "by": "img/s", "images_per_sec": 560.0}}
-    assert bench.advice(paid, 3) is None
+    assert record.advice(paid, 3) is None
     unpaid = {**body, "sync_choice": {**paid["sync_choice"], "images_per_sec": 200.0}}
-    warning = bench.advice(unpaid, 3)
+    warning = record.advice(unpaid, 3)
     assert "200 img/s" in warning and "with --sync-every 4 grads" in warning and "231 img/s on 1" in warning
 
 
 def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_made_at_the_largest(tmp_path, monkeypatch):
     """(s)'s flow through the whole bench, with each try's training and the allreduce probe stood in
     for (a cluster is the testbed's): which settings it runs, in what order, and what bench.json keeps."""
-    b = bench.Bench(bench.BenchRequest("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2))
+    b = _bench("lenet", runs_dir=tmp_path / "runs", sync_candidates=[1, 2, 4], repeat=2)
     b.nodes, b.hosts = [1, 2, 3], b.hosts * 3  # this machine thrice: the inventory's one host stands for three nodes
     ran = []
     # Weights reach the target sooner in these tries, though accumulating trains faster.
@@ -359,11 +391,11 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
         k, mode = (sync.sync_every, sync.sync_mode.value) if sync else (1, "grads")
         ran.append((n, attempt, k, mode))
         ips, seconds = figures[(k, mode)]
-        return bench.Trial(n, f"run-{len(ran)}", ips * (n if k == 1 else n - 1), seconds + attempt - n, None, "completed",
+        return record.Trial(n, f"run-{len(ran)}", ips * (n if k == 1 else n - 1), seconds + attempt - n, None, "completed",
                            seconds_to_target_from_launch=seconds + 9, sync_every=k, sync_mode=mode, seed=attempt)
 
     monkeypatch.setattr(b, "train", train)
-    monkeypatch.setattr(b, "measure_allreduce", lambda n, nbytes: bench.Allreduce(
+    monkeypatch.setattr(b, "measure_allreduce", lambda n, nbytes: model.Allreduce(
         nodes=n, bytes=nbytes, seconds=0.040 * n, cpu_seconds=0.05, latency_seconds=0.010, run="r", cycle_seconds=0.040))
     points = b.run()
     # Each mode's best-predicted K right after the N-loop's own try, at every N > 1, in every try.
@@ -381,7 +413,7 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     assert kept[(1, "grads", 3)]["runs"] == ["run-5", "run-12"] and kept[(1, "grads", 3)]["seconds_to_target"] == 98.5
     # The points are the N-loop's alone: the candidates' tries are not medians of any N.
     assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
-    assert bench.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice
+    assert record.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice
 
 
 def test_sync_every_auto_is_bounded_by_the_steps_of_an_epoch_and_says_so(tmp_path):
@@ -389,12 +421,12 @@ def test_sync_every_auto_is_bounded_by_the_steps_of_an_epoch_and_says_so(tmp_pat
     root = tmp_path / "runs"
     _bench_with_choice(root, "20261202-000000-bench-lenet-bbbb", {"sync_every": 10**12, "sync_mode": "weights", "nodes": 3, "by": "img/s"})
     said: list[str] = []
-    options = bench.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
+    options = record.chosen_sync(JobOptions(sync_every=None), root, "lenet", None, 3, said.append)
     # 60,000 MNIST examples over 3 ranks of 64: 312 steps an epoch.
-    assert options.sync_every == bench.steps_per_epoch("lenet", JobOptions(), 3) == 312
+    assert options.sync_every == record.steps_per_epoch("lenet", JobOptions(), 3) == 312
     assert said == ["--sync-every auto: 312 --sync-mode weights, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes by img/s "
                     "(it chose 1000000000000, more than the 312 steps of an epoch on 3 rank(s): clipped)"]
-    assert bench.chosen_sync(JobOptions(sync_every=None, max_steps=20), root, "lenet", None, 3, said.append).sync_every == 20
+    assert record.chosen_sync(JobOptions(sync_every=None, max_steps=20), root, "lenet", None, 3, said.append).sync_every == 20
 
 
 def test_a_bench_without_its_one_node_reference_still_advises_and_never_fails_a_run():
@@ -403,7 +435,7 @@ def test_a_bench_without_its_one_node_reference_still_advises_and_never_fails_a_
     body = _body({1: 231, 2: 165, 3: 160})
     for p in body["points"]:
         p.update(trials=[], efficiency=None, reference=None)
-    untrusted.check(body, plots.SCHEMA)  # what run reads passes bench.json's schema
-    warning = bench.advice(body, 3)
+    untrusted.check(body, record.SCHEMA)  # what run reads passes bench.json's schema
+    warning = record.advice(body, 3)
     assert warning == ("on 3 nodes this job trained at 160 img/s, against 231 img/s on 1 (edgetrain bench): "
                        "the extra nodes do not pay")

@@ -13,8 +13,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "edgetrain"
 RANK_SIDE = ("edgetrain.rank", "edgetrain.callbacks", "edgetrain.ddp", "edgetrain.gpu", "edgetrain.optimizers", "edgetrain.tracing")
+FRAMEWORKS = ("tensorflow", "torch", "keras", "horovod", "mpi4py")
+# What ``imported`` names for an import it cannot name: by a string computed at run time, or through
+# the job registry (edgetrain.shared.jobs.JobSpec.load, which imports a job's module and TensorFlow).
+BY_A_COMPUTED_NAME = "<an import by a computed name>"
+THROUGH_THE_JOB_REGISTRY = "<a job's module, through JobSpec.load()>"
 FORBIDDEN = {
-    "controller": RANK_SIDE,
+    "controller": RANK_SIDE + FRAMEWORKS + (BY_A_COMPUTED_NAME, THROUGH_THE_JOB_REGISTRY),
     "shared": RANK_SIDE + ("edgetrain.controller",),
     "rank": ("edgetrain.controller",),
 }
@@ -37,14 +42,26 @@ def _walk(node: ast.AST):
         yield from _walk(child)
 
 
+def _called(node: ast.Call) -> str | None:
+    """The name a call is made by: ``f`` of ``f(..)`` and of ``a.b.f(..)``."""
+    return node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else None
+
+
 def imported(module: Path) -> set[str]:
-    """Dotted names a module imports, wherever the import statement is."""
+    """Dotted names a module imports, wherever the import statement is; and those it imports by
+    calling ``importlib.import_module`` or ``__import__`` (a name computed at run time:
+    BY_A_COMPUTED_NAME), or a job spec's ``load()`` (THROUGH_THE_JOB_REGISTRY)."""
     names = set()
     for node in _walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Call) and _called(node) in ("import_module", "__import__"):
+            first = node.args[0] if node.args else None
+            names.add(first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else BY_A_COMPUTED_NAME)
+        elif isinstance(node, ast.Call) and _called(node) == "load" and not node.args and not node.keywords:
+            names.add(THROUGH_THE_JOB_REGISTRY)  # a file's or a stream's load takes what it reads
     return names
 
 
@@ -108,6 +125,16 @@ def test_the_checks_see_an_import_inside_a_function_and_skip_one_for_type_checki
                       "def f():\n    from edgetrain.rank import tf_ps\n")
     assert imported(module) == {"typing", "typing.TYPE_CHECKING", "edgetrain.rank", "edgetrain.rank.tf_ps"}
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+
+
+def test_the_checks_see_an_import_made_by_a_string_or_through_the_job_registry(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import importlib\nfrom edgetrain.shared import jobs\n"
+                      "def f(name):\n    importlib.import_module('tensorflow')\n    __import__('edgetrain.rank.worker')\n"
+                      "    importlib.import_module(name)\n    jobs.get('lenet').load().model({})\n    json.load(open(name))\n")
+    assert imported(module) == {"importlib", "edgetrain.shared", "edgetrain.shared.jobs", "tensorflow", "edgetrain.rank.worker",
+                                BY_A_COMPUTED_NAME, THROUGH_THE_JOB_REGISTRY}
+    assert all(n.startswith(FORBIDDEN["controller"]) for n in imported(module) - {"importlib", "edgetrain.shared", "edgetrain.shared.jobs"})
     assert cycle({"a": {"b"}, "b": set()}) is None
 
 

@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from edgetrain.controller import plots
-from edgetrain.shared import runs
+from edgetrain.controller.bench import record
+from edgetrain.shared import runs, untrusted
 from tests.conftest import assert_one_line_error, edgetrain, project_script
 
 
@@ -75,7 +76,7 @@ def test_each_sync_every_candidate_bench_measured_is_a_series_of_its_own():
         {"sync_every": 2, "sync_mode": "weights", "nodes": 2, "predicted": 0.97, "images_per_sec": None},  # predicted, not tried
         {"sync_every": 4, "sync_mode": "weights", "nodes": 2, "predicted": 0.98, "images_per_sec": 150, "seconds_to_target": 200.0},
     ]
-    rate, eff, target = plots.bench_figure([("pi", plots.untrusted.check(body, plots.SCHEMA))]).axes
+    rate, eff, target = plots.bench_figure([("pi", untrusted.check(body, record.SCHEMA))]).axes
     series = {ax: {line.get_label(): line.get_xydata().tolist() for line in ax.lines} for ax in (rate, eff, target)}
     assert series[rate]["pi: --sync-every 2 grads"] == [[2, 196], [3, 243]]
     assert series[rate]["pi: --sync-every 4 weights"] == [[2, 150]]
@@ -95,7 +96,7 @@ def test_a_damaged_sync_candidate_is_refused_before_it_is_drawn():
     body = _bench(1.0)
     body["sync_candidates"] = [{"sync_every": 2, "sync_mode": "sideways", "nodes": 2}]
     with pytest.raises(ValueError, match="sync_mode"):
-        plots.untrusted.check(body, plots.SCHEMA)
+        untrusted.check(body, record.SCHEMA)
 
 
 def test_a_run_figure_shows_accuracy_and_img_s_over_time(tmp_path):

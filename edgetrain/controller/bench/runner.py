@@ -1,67 +1,29 @@
-"""`edgetrain bench`: does adding nodes pay? Measured on the cluster, and predicted before it is measured.
-
-On any inventory, one rank per node, under the run's strategy (Horovod, or torch's DDP for a torch
-script with ``--strategy torch``):
-  (a) the strategy's allreduce between 2..N nodes at the job's gradient size (and an 8-byte one, for
-      latency), wall and CPU seconds per operation (its ``probe``: Horovod's, or torch.distributed's);
-  (b) the job on one node: img/s, and the time to the target accuracy;
-  (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
-      ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
-      above one node's (what allreduce and waiting add), and the time to the target accuracy.
-      With ``--reference concurrent``, R(1) at each N is N one-node runs at once, one on each of the
-      N nodes: nodes that share a machine (an emulated cluster) then give the reference the same
-      neighbours as the N-node run;
-  (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
-      compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
-      slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
-      hide, over the steps it is shared by (``--sync-every``; syncing weights, nothing of it hidden:
-      the average is taken between steps), plus the CPU the
-      communication takes from the training (its CPU seconds over the cores one node's training
-      keeps busy: on a node whose training fills its CPU, a hidden allreduce still costs its CPU).
-      A band - nothing hidden and every CPU second of communicating taken from the training, all
-      of it hidden on CPU the training leaves idle - and inside it the estimate: for a built-in job,
-      from when backprop produces each gradient (``edgetrain.controller.overlap``); for a script,
-      half of the allreduce hidden. Both estimates pay the CPU. Printed, then set beside the
-      measurement;
-  (s) with ``--sync-candidates K1,K2,..``: at every N > 1, E(N) predicted for each K in both modes
-      (``edgetrain.shared.sync``) from (a) and (b), and the best-predicted K of each mode measured
-      right after the N-loop's own try at that N, in every try (so the candidates share the
-      N-loop's hour and seed); once the loop is done, the choice at the largest N - the shortest
-      median time to the target, or without one the most img/s - recorded in ``bench.json`` for
-      ``edgetrain run --sync-every auto``;
-  (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
-      is an ordinary run directory beside it.
-
-Every measurement is a real ``edgetrain run`` (prepare and execute), so what it measures is what
-users get.
-"""
+"""The bench's runs: the allreduce probes, the job at every N, the --sync-every candidates (the package's docstring says which, in what order)."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import statistics
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from edgetrain.controller import config as configs
 from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
-from edgetrain.controller.config import Attempt
+from edgetrain.controller import program as programs
 from edgetrain.controller import strategies
+from edgetrain.controller.bench import record
+from edgetrain.controller.bench.model import Allreduce, Prediction, SyncCandidate, best_per_mode, choose, evaluation_interval, median, predict
+from edgetrain.controller.bench.record import Point, Trial
+from edgetrain.controller.config import Attempt
+from edgetrain.controller.program import JobOptions, Program
 from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.shared import job_options, jobs, runs
-from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
-from edgetrain.shared.strategies import DEFAULT
-from edgetrain.controller import program as programs
 from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
-from edgetrain.controller.program import JobOptions, Program
+from edgetrain.shared.strategies import DEFAULT
+from edgetrain.shared.sync import Sync, SyncMode
 
 
 class Reference(str, Enum):
@@ -69,134 +31,6 @@ class Reference(str, Enum):
 
     ALONE = "alone"  # one node's run by itself: real nodes share nothing, so this is theirs
     CONCURRENT = "concurrent"  # at each N, N one-node runs at once: nodes that share one machine
-
-
-@dataclass
-class BenchRequest:
-    target: str  # a built-in job's name or a script's path, as `edgetrain run` takes it
-    passthrough: list[str] = field(default_factory=list)
-    options: JobOptions = field(default_factory=JobOptions)
-    inventory: Path | None = None
-    group: str | None = None
-    nodes: list[int] | None = None  # default 1..every host of the group
-    repeat: int = 3
-    gradient_bytes: int | None = None  # default: the built-in job's parameter count x 4
-    strategy: str = DEFAULT
-    runs_dir: Path = field(default_factory=runs.default_root)
-    command: list[str] = field(default_factory=list)
-    log: Callable[[str], None] = print
-    reference: Reference = Reference.ALONE
-    tf_port: int = configs.PORT_FLAGS["tf_port"]
-    master_port: int = configs.PORT_FLAGS["master_port"]
-    restarts: configs.RestartPolicy = configs.RestartPolicy()  # a training run's, as `run` takes them (the probes keep no checkpoints)
-    sync_candidates: list[int] | None = None  # (s): the K to predict, and choose from
-
-
-@dataclass
-class Allreduce:
-    nodes: int
-    bytes: int
-    seconds: float  # the slowest rank's wall time per allreduce
-    cpu_seconds: float  # the busiest rank's CPU time per allreduce (every thread: polling included)
-    latency_seconds: float
-    run: str
-    transport: str = "mpi"  # whose collectives Horovod used: gloo or mpi
-    cycle_seconds: float = 0.001  # the launch's Horovod cycle (the probe times its own short one)
-    idle_cpu_per_second: float = 0.0  # the busiest rank's CPU per second between allreduces, at that cycle
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e6
-
-    @property
-    def per_update(self) -> float:
-        """What one gradient allreduce adds to a training step: the transfer, and on average half
-        a cycle's wait for Horovod's next turn (a step's gradients arrive at no particular point of it)."""
-        return self.seconds + self.cycle_seconds / 2
-
-    def cpu_per_update(self, update_seconds: float) -> float:
-        """A rank's communication CPU over an update of that length: the allreduce's, and its
-        threads' between allreduces (Horovod's cycle turns while the training computes)."""
-        return self.cpu_seconds + self.idle_cpu_per_second * update_seconds
-
-
-@dataclass
-class Trial:
-    nodes: int
-    run: str
-    images_per_sec: float | None
-    seconds_to_target: float | None
-    images_to_target: int | None
-    status: str
-    images_per_cpu_second: float | None = None  # per CPU-second of every rank's training, communication included
-    test_accuracy: float | None = None  # scored once after training, where --holdout kept validation apart
-    # From the launch (preflight, containers, the MPI probe, imports, data, tracing) to the target.
-    seconds_to_target_from_launch: float | None = None
-    beside: int = 0  # one-node runs of a concurrent reference: how many others ran at the same time
-    busy_cores: float | None = None  # the CPU its training kept busy on each node (busy_cores_of)
-    seed: int | None = None  # a built-in job's: the same at every N in one try
-    # Nodes a restart left out (--max-restarts): the run ended on fewer than ``nodes``, so its
-    # figures stand for no N and are left out of the medians.
-    lost: dict[str, str] = field(default_factory=dict)
-    sync_every: int = 1  # how often its ranks talked, and what they sent
-    sync_mode: str = SyncMode.GRADS.value
-    options: dict[str, Any] = field(default_factory=dict)  # a built-in job's: every option it trained with, the held-out split too
-
-
-@dataclass(frozen=True)
-class SyncCandidate:
-    """One --sync-every setting at one N: predicted, and measured where it was among the best."""
-
-    sync_every: int
-    sync_mode: str
-    nodes: int
-    predicted: float
-    predicted_range: tuple[float, float]
-    images_per_sec: float | None = None  # the tries' median, where measured
-    seconds_to_target: float | None = None
-    runs: tuple[str, ...] = ()
-
-    @property
-    def sync(self) -> Sync:
-        return Sync(self.sync_every, SyncMode(self.sync_mode))
-
-
-def choose(measured: list[SyncCandidate]) -> tuple[SyncCandidate, str] | None:
-    """The candidate that reached the target soonest (median of its tries), or where none reached
-    it the one that trained the most img/s; and what decided it."""
-    timed = [c for c in measured if c.seconds_to_target is not None]
-    if timed:
-        return min(timed, key=lambda c: (c.seconds_to_target, c.sync_every)), "time to the target"
-    rated = [c for c in measured if c.images_per_sec is not None]
-    if rated:
-        return max(rated, key=lambda c: (c.images_per_sec, -c.sync_every)), "img/s (no try reached the target)"
-    return None
-
-
-def best_per_mode(candidates: list[SyncCandidate], per_mode: int = 1) -> list[SyncCandidate]:
-    """The best-predicted candidates of each mode (fewer syncs break ties): the model predicts
-    throughput, not how many images a mode needs, so each mode's best is measured."""
-    out: list[SyncCandidate] = []
-    for mode in SyncMode:
-        ranked = sorted((c for c in candidates if c.sync_mode == mode.value), key=lambda c: (-c.predicted, c.sync_every))
-        out += ranked[:per_mode]
-    return out
-
-
-@dataclass
-class Point:
-    """One N: the medians of its trials, and what was predicted for it."""
-
-    nodes: int
-    images_per_sec: float | None
-    efficiency: float | None
-    comm_share: float | None
-    seconds_to_target: float | None
-    predicted_efficiency: float | None
-    trials: list[Trial]
-    predicted_range: tuple[float, float] | None = None
-    images_per_cpu_second: float | None = None  # the trials' median
-    reference: float | None = None  # the one-node img/s E(N) is relative to
 
 
 def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count") -> list[int] | None:
@@ -213,76 +47,6 @@ def parse_nodes(spec: str | None, flag: str = "--nodes", what: str = "node count
     if not found:
         raise UsageError(f"{flag} {spec!r} names no {what}", f"e.g. {flag} 1-4")
     return found
-
-
-def model_of(program: Program) -> Any:
-    """A built-in job's Keras model, as its options build it (None for a script)."""
-    if program.job is None:
-        return None
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines are not this command's output
-    return program.job.load().model({k: program.checkpoint_options[k] for k in program.job.options})
-
-
-def gradient_bytes(model: Any) -> int:
-    """A model's gradient: 4 bytes per trainable parameter."""
-    return 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """E(N) between two bounds, and the estimate set beside the measurement. Horovod starts a
-    gradient's allreduce as soon as backprop has produced it, while earlier layers' backprop still
-    runs; how much that hides depends on the order the model produces its bytes in (LeNet's Dense
-    kernel first), which one node's step time does not tell, but its layers do."""
-
-    low: float  # nothing hidden: compute, the allreduce, half a cycle's wait, and the communication's CPU
-    high: float  # the allreduce hidden behind the step's compute, up to its length, its CPU free
-    expected: float  # from when backprop produces each gradient (half hidden without a model), its CPU paid
-
-
-def predict(step_seconds: float, ar: Allreduce, sync: Sync = EVERY_STEP,
-            gradients: list[overlap.Gradient] | None = None, cores: float | None = None) -> Prediction:
-    """E(N) from one node's step and one allreduce measured on these nodes (so a slow node's CPU cost
-    of communicating is in it), shared over the ``sync.sync_every`` steps between syncs; accumulating
-    gradients, only the last of them hides any of it; syncing weights, none does (the models are
-    averaged between steps).
-
-    ``cores``: the CPU one node's training keeps busy (``busy_cores_of``). Where the
-    training fills the node's CPU - a Pi's four cores, an emulated Pi's quota - every CPU second
-    the communication spends is a CPU second the training waits for, hidden allreduce or not: the
-    communication's CPU over ``cores`` is added to the update. None (a run that does not clock its
-    CPU): the communication is taken to run on CPU the training leaves idle."""
-    update = step_seconds * sync.sync_every
-    paid = ar.cpu_per_update(update) / cores if cores else 0.0
-    low = update / (update + ar.per_update + paid)
-    if sync.sync_mode is SyncMode.WEIGHTS:
-        return Prediction(low, update / (update + ar.per_update), low)
-    hidden = min(ar.seconds, update)
-    high = update / (update + ar.per_update - hidden)
-    late = overlap.exposed(step_seconds, gradients, ar.seconds, ar.cycle_seconds) if gradients else ar.per_update - hidden / 2
-    return Prediction(low, high, update / (update + late + paid))
-
-
-def evaluation_interval(steps: int, steps_per_execution: int, per_epoch: int = 4) -> int:
-    """The ``--eval-every`` that evaluates an epoch of ``steps`` steps ``per_epoch`` times, the last
-    being the epoch's own validation: a multiple of the steps per execution (evaluations fall between
-    executions), rounded up so that none lands just before the epoch's end."""
-    return math.ceil(steps / per_epoch / steps_per_execution) * steps_per_execution
-
-
-def _median(values: list[float | None]) -> float | None:
-    found = [v for v in values if v is not None]
-    return statistics.median(found) if found else None
-
-
-def _seconds_to_target(run: runs.Run, target: float | None) -> tuple[float | None, int | None]:
-    """When the run's rank-averaged validation accuracy first reached the target, from its first step."""
-    if target is None:
-        return None, None
-    for e in run.evaluations():
-        if e["val_accuracy"] >= target and e.get("seconds") is not None:
-            return e["seconds"], e.get("images")
-    return None, None
 
 
 def _steady_evaluations(run: runs.Run, *needs: str) -> list[dict[str, Any]]:
@@ -334,50 +98,67 @@ def busy_cores_of(run: runs.Run) -> float | None:
     return float(last["train_cpu_seconds"] / last["train_seconds"] / last.get("ranks", 1))
 
 
+def configured(target: str, passthrough: list[str], options: JobOptions, *, strategy: str = DEFAULT,
+               **settings: Any) -> configs.LaunchConfig:
+    """What every run of a bench of ``target`` starts from, as `edgetrain run` would resolve it with
+    one rank per node (``settings``: configs.resolve's, and LaunchConfig's other fields); each run
+    replaces its program and N. Its ``log`` says the bench's lines (its runs' own are not said)."""
+    script = target not in jobs.JOBS
+    # A script's target accuracy is only read from its metrics: it is not the script's option.
+    program = programs.resolve(target, passthrough, replace(options, target_accuracy=None) if script else options)
+    chosen = strategies.named(strategy)
+    if chosen.probe is None:
+        raise UsageError(f"bench cannot time --strategy {strategy}'s communication",
+                         f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")
+    if program.job is not None and not chosen.builtin_jobs:
+        raise UsageError(f"the built-in job {program.job.name} trains with {DEFAULT}, not --strategy {strategy}",
+                         f"drop --strategy, or bench your own script: edgetrain bench SCRIPT --strategy {strategy} --gradient-mb MB")
+    return configs.resolve(program, strategy=strategy, per_node=1, **settings)
+
+
 class Bench:
-    def __init__(self, req: BenchRequest):
-        self.req = req
-        script = req.target not in jobs.JOBS
-        # A script's target accuracy is only read from its metrics: it is not the script's option.
-        self.program = programs.resolve(req.target, req.passthrough, replace(req.options, target_accuracy=None) if script else req.options)
+    def __init__(self, config: configs.LaunchConfig, options: JobOptions, *, nodes: list[int] | None = None, repeat: int = 3,
+                 gradient_bytes: int | None = None, reference: Reference = Reference.ALONE,
+                 sync_candidates: list[int] | None = None):
+        """A bench from ``config`` (``configured``'s, of the same ``options``) on ``nodes`` (default
+        1..every host of its group), ``repeat`` tries each; ``gradient_bytes`` a script's gradient
+        (default: a built-in job's parameter count x 4); ``sync_candidates`` the K of (s)."""
+        self.options, self.repeat, self.reference_mode, self.sync_candidates = options, repeat, reference, sync_candidates
+        self.log = config.log
+        self.program = config.program
         job = self.program.job
-        self.target_accuracy = req.options.target_accuracy or (job.target_accuracy if job else None)
+        self.target_accuracy = options.target_accuracy or (job.target_accuracy if job else None)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise UsageError(f"--target-accuracy {self.target_accuracy} must be a fraction in (0, 1]", "e.g. --target-accuracy 0.985")
-        self.fp16 = req.options.fp16_allreduce
-        self.sync = job_options.sync_of(req.options.__dict__)
-        self.strategy = strategies.named(req.strategy)
-        if self.strategy.probe is None:
-            raise UsageError(f"bench cannot time --strategy {req.strategy}'s communication",
-                             f"bench measures --strategy {' or '.join(s.name for s in STRATEGIES.values() if s.probe)}")
-        if job is not None and not self.strategy.builtin_jobs:
-            raise UsageError(f"the built-in job {job.name} trains with {DEFAULT}, not --strategy {req.strategy}",
-                             f"drop --strategy, or bench your own script: edgetrain bench SCRIPT --strategy {req.strategy} --gradient-mb MB")
-        inv = inventory.load(req.inventory)
-        self.hosts = placement.select(inv, req.group)
+        self.fp16 = options.fp16_allreduce
+        self.sync = job_options.sync_of(options.__dict__)
+        self.strategy = config.strategy
+        inv = inventory.load(config.inventory)
+        self.hosts = placement.select(inv, config.group)
         most = len(self.hosts)
-        self.nodes = sorted(set(req.nodes or range(1, most + 1)))
+        self.nodes = sorted(set(nodes or range(1, most + 1)))
         if self.nodes[0] < 1 or self.nodes[-1] > most:
             raise UsageError(f"--nodes {self.nodes[-1] if self.nodes[-1] > most else self.nodes[0]} is not between 1 and "
                              f"the {most} hosts of the inventory", f"use --nodes 1..{most}")
-        if req.repeat < 1:
-            raise UsageError(f"--repeat {req.repeat} must be at least 1")
-        if req.sync_candidates and job is None:
+        if repeat < 1:
+            raise UsageError(f"--repeat {repeat} must be at least 1")
+        if sync_candidates and job is None:
             raise UsageError("--sync-candidates is for the built-in jobs: a script talks as it is written",
                              "bench the script with its own setting, e.g. -- --sync-every 4")
-        if req.sync_candidates and min(req.sync_candidates) < 1:
-            raise UsageError(f"--sync-candidates {min(req.sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
-        model = model_of(self.program)
-        if model is None and not req.gradient_bytes:
+        if sync_candidates and min(sync_candidates) < 1:
+            raise UsageError(f"--sync-candidates {min(sync_candidates)} must be at least 1", "e.g. --sync-candidates 1,2,4,8")
+        self.gradients: list[overlap.Gradient] | None = None  # a built-in job's, from its spec's layers
+        if job is not None:
+            self.gradient = gradient_bytes or job.gradient_bytes(self.program.checkpoint_options)
+            self.gradients = overlap.schedule(job.layers(self.program.checkpoint_options))
+        elif gradient_bytes:
+            self.gradient = gradient_bytes
+        else:
             raise UsageError("bench cannot count a script's parameters", "give the gradient's size: --gradient-mb MB (float32 parameters x 4 / 1e6)")
-        self.gradient = req.gradient_bytes or gradient_bytes(model)
-        self.gradients = overlap.schedule(model) if model is not None else None
         # Every run of the bench is this config with its own program and N (one rank per node).
-        self.config = configs.resolve(self.program, strategy=req.strategy, tf_port=req.tf_port, master_port=req.master_port,
-                                      restarts=req.restarts, inventory=req.inventory, group=req.group, per_node=1,
-                                      runs_dir=req.runs_dir, command=tuple(req.command), log=lambda line: None)
+        self.config = replace(config, log=lambda line: None)
         self.lost: dict[str, str] = {}  # nodes restarts left out: later runs go without them
-        self.root = runs.ensure_writable(req.runs_dir)
+        self.root = runs.ensure_writable(config.runs_dir)
         self.dir = self.root / runs.new_id(f"bench-{self.program.name}")
         self.allreduce: dict[int, Allreduce] = {}
         self.trials: list[Trial] = []
@@ -404,11 +185,11 @@ class Bench:
             if e["event"] == "epoch":
                 acc = f", val_accuracy {e['val_accuracy']:.4f}" if "val_accuracy" in e else ""
                 ips = f", {e['images_per_sec']:,.0f} img/s" if e.get("images_per_sec") else ""
-                self.req.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
+                self.log(f"  {what}: epoch {e['epoch']}{acc}{ips}")
 
         first = Attempt.first(config, excluded={**others, **self.lost})
         started, outcome = supervisor.supervise(config, lambda one: launch.execute(one, on_event, lambda line: None),
-                                                lambda said: self.req.log(f"  {what}: {said}"), first)
+                                                lambda said: self.log(f"  {what}: {said}"), first)
         if outcome.state is runs.Status.INTERRUPTED:  # the user's stop ends the bench, not only this run
             raise Interrupted(f"bench {self.dir.name} interrupted during run {started.run.id}",
                               f"what it measured before is in {self.dir / 'bench.json'}")
@@ -445,7 +226,7 @@ class Bench:
         compares N on one trajectory and the median is over several, not over one replayed."""
         if self.program.job is None:
             return self.program
-        o = self.req.options
+        o = self.options
         steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
@@ -453,14 +234,14 @@ class Bench:
         steps = min(steps, o.max_steps) if o.max_steps else steps
         if sync is not None:
             o = replace(o, sync_every=sync.sync_every, sync_mode=sync.sync_mode)
-        return programs.resolve(self.req.target, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
+        return programs.resolve(self.program.name, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
     def _seed(self, attempt: int) -> int:
-        return self.req.options.seed + attempt - 1
+        return self.options.seed + attempt - 1
 
     def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None) -> Trial:
-        what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.req.repeat}" + (f", on {on} beside {beside} more" if on else "")
+        what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.repeat}" + (f", on {on} beside {beside} more" if on else "")
         if sync is not None:
             what += f", --sync-every {sync.sync_every} {sync.sync_mode.value}"
         program = self.program_for(n, attempt, sync)
@@ -468,12 +249,13 @@ class Bench:
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
         if outcome.state is not runs.Status.COMPLETED:
-            self.req.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
+            self.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
         elif not epochs:
             raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
-        seconds, images = _seconds_to_target(run, self.target_accuracy)
+        reached = runs.first_reaching(run, self.target_accuracy) if self.target_accuracy is not None else None
+        seconds, images = (reached.get("seconds"), reached.get("images")) if reached else (None, None)
         tested = run.test_score()
         attempts = run.record().attempts
         launched = attempts[-1].first_step_s if attempts else None
@@ -510,11 +292,11 @@ class Bench:
 
     # -- the whole bench ----------------------------------------------------------------------
     def run(self) -> list[Point]:
-        req, log = self.req, self.req.log
+        log = self.log
         self.dir.mkdir()
         nbytes = self.gradient
         log(f"bench {self.dir.name}: {self.program.name} ({self.strategy.name}) on {', '.join(h.name for h in self.hosts[:self.nodes[-1]])}, "
-            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {req.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
+            f"one rank per node, N = {', '.join(map(str, self.nodes))}, {self.repeat} tries each; gradient {nbytes / 1e6:.2f} MB"
             + (" (fp16 on the wire)" if self.fp16 else ""))
         for n in (n for n in self.nodes if n > 1):
             ar = self.allreduce[n] = self.measure_allreduce(n, nbytes)
@@ -522,7 +304,7 @@ class Bench:
                 f"CPU {ar.cpu_seconds * 1e3:.1f} ms per rank, and {ar.idle_cpu_per_second * 1e3:.1f} ms a second between allreduces; "
                 f"latency {ar.latency_seconds * 1e3:.2f} ms; training's cycle {ar.cycle_seconds * 1e3:g} ms")
             self.save()
-        for attempt in range(1, req.repeat + 1):
+        for attempt in range(1, self.repeat + 1):
             for n in self.nodes:
                 if n > len(self.left):
                     log(f"(c) {n} nodes, try {attempt}: skipped, {len(self.left)} left after losing {', '.join(self.lost)}")
@@ -534,16 +316,16 @@ class Bench:
                 log(f"(c) {n} node{'s' if n > 1 else ''}, try {attempt}: "
                     + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial) + f"  ({trial.run})")
                 self.save()
-                if n > 1 and req.reference is Reference.CONCURRENT:
+                if n > 1 and self.reference_mode is Reference.CONCURRENT:
                     alongside = self.train_concurrently(n, attempt)
                     self.trials.extend(alongside)
                     log(f"(r) {n} one-node runs at once, try {attempt}: "
                         + ", ".join(f"{host.name} " + (f"{t.images_per_sec:,.0f}" if t.images_per_sec else "no") + " img/s"
                                     for host, t in zip(self.left, alongside, strict=False)))  # the first n of them
                     self.save()
-                if n > 1 and req.sync_candidates:
+                if n > 1 and self.sync_candidates:
                     self.try_syncs(n, attempt)
-        if req.sync_candidates:
+        if self.sync_candidates:
             self.choose_sync()
         points = self.points()
         body = self.save(points)
@@ -570,7 +352,7 @@ class Bench:
     # -- (s): how often to talk ---------------------------------------------------------------------
     def predict_syncs(self, n: int) -> list[SyncCandidate]:
         """E(n) for every candidate K in both modes, from one node's measured step and (a) at n."""
-        one = _median([t.images_per_sec for t in self._trials(1)])
+        one = median([t.images_per_sec for t in self._trials(1)])
         ar = self.allreduce.get(n)
         if one is None or ar is None:
             return []
@@ -578,7 +360,7 @@ class Bench:
         found = []
         # An outer step (--outer-lr, --outer-momentum) is the weights mode's: given one, only it is a candidate.
         modes = list(SyncMode) if self.sync.plain_average else [SyncMode.WEIGHTS]
-        for k in sorted(set(self.req.sync_candidates or ())):
+        for k in sorted(set(self.sync_candidates or ())):
             for mode in modes:
                 if k == 1 and mode is SyncMode.WEIGHTS:
                     continue  # averaging every step sends what an allreduce of gradients does, later
@@ -591,7 +373,7 @@ class Bench:
         if n not in self.sync_predicted:
             self.sync_predicted[n] = self.predict_syncs(n) if 1 in self.nodes else []
             if self.sync_predicted[n]:
-                self.req.log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
+                self.log(f"(s) E({n}) predicted for each --sync-every: " + ", ".join(
                     f"{c.sync_every} {c.sync_mode} {c.predicted:.0%} ({c.predicted_range[0]:.0%}-{c.predicted_range[1]:.0%})"
                     for c in self.sync_predicted[n]))
         return self.sync_predicted[n]
@@ -603,14 +385,14 @@ class Bench:
                 continue  # the N-loop's own try just measured it
             trial = self.train(n, attempt, sync=c.sync)
             self.trials.append(trial)
-            self.req.log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
+            self.log(f"(s) {n} nodes, --sync-every {c.sync_every} {c.sync_mode}, try {attempt}: "
                          + (f"{trial.images_per_sec:,.0f} img/s" if trial.images_per_sec else "no img/s") + self._reached(trial)
                          + f"  ({trial.run})")
             self.save()
 
     def choose_sync(self) -> None:
         """(s): the choice at the largest N the candidates were measured at, among each mode's best and the N-loop's own."""
-        log = self.req.log
+        log = self.log
         n = max((m for m in self.sync_predicted if self.sync_predicted[m]), default=None)
         if n is None:
             log("(s) no --sync-every chosen: a choice needs 1 and a larger N in --nodes, measured")
@@ -634,22 +416,22 @@ class Bench:
 
     def _measured(self, c: SyncCandidate, n: int) -> SyncCandidate:
         tries = self._trials(n, sync=c.sync)
-        return replace(c, images_per_sec=_median([t.images_per_sec for t in tries]),
-                       seconds_to_target=_median([t.seconds_to_target for t in tries]), runs=tuple(t.run for t in tries))
+        return replace(c, images_per_sec=median([t.images_per_sec for t in tries]),
+                       seconds_to_target=median([t.seconds_to_target for t in tries]), runs=tuple(t.run for t in tries))
 
     def reference(self, n: int) -> float | None:
         """One node's img/s for E(N): alone, or the median of the one-node runs made beside n - 1 others."""
-        if n > 1 and self.req.reference is Reference.CONCURRENT:
-            return _median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
-        return _median([t.images_per_sec for t in self._trials(1)])
+        if n > 1 and self.reference_mode is Reference.CONCURRENT:
+            return median([t.images_per_sec for t in self._trials(1, beside=n - 1)])
+        return median([t.images_per_sec for t in self._trials(1)])
 
     def busy_cores(self) -> float | None:
         """The CPU one node's training keeps busy, the one-node runs' median (None where the runs do
         not clock their CPU)."""
-        return _median([t.busy_cores for t in self._trials(1)])
+        return median([t.busy_cores for t in self._trials(1)])
 
     def _predict(self) -> None:
-        one = _median([t.images_per_sec for t in self._trials(1)])
+        one = median([t.images_per_sec for t in self._trials(1)])
         if one is None:
             return
         step = self.batch_size() / one
@@ -659,7 +441,7 @@ class Bench:
         how = "when backprop produces each gradient" if self.gradients else "half of the allreduce hidden"
         cpu = (f"the communication's CPU taken from the training's {cores:.2f} cores" if cores
                else "the communication's CPU not counted (the one-node run did not clock its CPU)")
-        self.req.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a), {how} and {cpu}; "
+        self.log(f"(d) predicted from one node's {one:,.0f} img/s ({step * 1e3:.0f} ms a step), (a), {how} and {cpu}; "
                      "in brackets, nothing hidden and its CPU paid to all of it hidden and its CPU free: "
                      + ", ".join(f"E({n}) = {e.expected:.0%} ({e.low:.0%}-{e.high:.0%})" for n, e in sorted(self.predicted.items())))
 
@@ -670,7 +452,7 @@ class Bench:
         out = []
         for n in self.nodes:
             trials = self._trials(n)
-            ips = _median([t.images_per_sec for t in trials])
+            ips = median([t.images_per_sec for t in trials])
             one = self.reference(n)
             eff = ips / (n * one) if ips and one else None
             # The allreduce as measured alone (a), against a rank's measured step at N.
@@ -678,16 +460,16 @@ class Bench:
             step = n * self.batch_size() / ips if ips else None
             share = min(1.0, ar.per_update / self.sync.sync_every / step) if ar and step else None
             guess = self.predicted.get(n)
-            out.append(Point(n, ips, eff, share, _median([t.seconds_to_target for t in trials]),
+            out.append(Point(n, ips, eff, share, median([t.seconds_to_target for t in trials]),
                              guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
-                             _median([t.images_per_cpu_second for t in trials]), one))
+                             median([t.images_per_cpu_second for t in trials]), one))
         return out
 
     def save(self, points: list[Point] | None = None) -> dict[str, Any]:
         body = {
-            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": self.req.command,
-            "inventory": _where(self.req.inventory),
-            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.req.repeat, "reference": self.req.reference.value,
+            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": list(self.config.command),
+            "inventory": record.where(self.config.inventory),
+            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.repeat, "reference": self.reference_mode.value,
             "target_accuracy": self.target_accuracy, "fp16": self.fp16,
             "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
             "busy_cores": self.busy_cores(),
@@ -698,79 +480,5 @@ class Bench:
             "sync_candidates": [asdict(c) for c in self.candidates], "sync_choice": self.choice,
             "seconds": round(time.monotonic() - self.started, 1),
         }
-        tmp = self.dir / "bench.json.tmp"
-        tmp.write_text(json.dumps(body, indent=2) + "\n")
-        tmp.replace(self.dir / "bench.json")
+        record.write(self.dir, body)
         return body
-
-
-def latest(root: Path, program: str, inventory: Path | None, having: str = "points") -> dict[str, Any] | None:
-    """The newest finished bench of this program on this inventory that holds ``having`` (its
-    points, for `edgetrain run`'s advice; its sync_choice, for ``--sync-every auto``); one that is
-    damaged is passed over."""
-    want = _where(inventory)
-    for path in sorted(root.glob(f"*-bench-{program}-*/bench.json"), reverse=True):
-        try:
-            body = plots.read(path)
-        except (OSError, ValueError):
-            continue
-        if body.get(having) and body.get("points") and body.get("inventory") == want:
-            body.setdefault("path", str(path))
-            return body
-    return None
-
-
-def steps_per_epoch(program: str, options: JobOptions, np: int) -> int:
-    """The steps each of ``np`` ranks takes in an epoch of the built-in job ``program`` (as its ranks count them)."""
-    spec = jobs.get(program)
-    batch = options.batch_size or spec.batch_size
-    steps = max(1, trained_on(spec.dataset, options.holdout) // max(np, 1) // batch)
-    return min(steps, options.max_steps) if options.max_steps else steps
-
-
-def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path | None, np: int,
-                log: Callable[[str], None]) -> JobOptions:
-    """``--sync-every auto`` (None) replaced by the newest bench's choice for this program on this
-    inventory, said in a line; other options are returned as they are. A bench.json is anyone's
-    file: a choice past the steps of one epoch (where every epoch's end syncs anyway) is clipped to
-    them, and said."""
-    if options.sync_every is not None:
-        return options
-    body = latest(root, program, inventory, having="sync_choice")
-    if body is None:
-        where = f"inventory {inventory}" if inventory else "this machine"
-        raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {where} in {root} chose one",
-                         f"run edgetrain bench {program} --sync-candidates 1,2,4,8 (with the same -i), or give --sync-every K")
-    c = body["sync_choice"]
-    every, most = c["sync_every"], steps_per_epoch(program, options, np)
-    clipped = f" (it chose {every}, more than the {most} steps of an epoch on {np} rank(s): clipped)" if every > most else ""
-    every = min(every, most)
-    log(f"--sync-every auto: {every} --sync-mode {c['sync_mode']}, chosen by bench {Path(body['path']).parent.name} "
-        f"on {c['nodes']} nodes by {c['by']}{clipped}")
-    return replace(options, sync_every=every, sync_mode=SyncMode(c["sync_mode"]))
-
-
-def _where(inventory: Path | None) -> str | None:
-    return str(Path(inventory).resolve()) if inventory else None
-
-
-def advice(body: dict[str, Any], n_hosts: int) -> str | None:
-    """A warning when the bench says ``n_hosts`` nodes train no faster than fewer did (or would)."""
-    by_n = {p["nodes"]: p for p in body["points"] if p.get("images_per_sec")}
-    if n_hosts not in by_n or 1 not in by_n:
-        return None
-    best = max((p for n, p in by_n.items() if n < n_hosts), key=lambda p: p["images_per_sec"], default=None)
-    here = by_n[n_hosts]
-    chosen = body.get("sync_choice") or {}
-    if chosen.get("nodes") == n_hosts and (chosen.get("images_per_sec") or 0) > here["images_per_sec"]:
-        # The best --sync-every the bench measured there: the extra nodes pay if it does.
-        rate = chosen["images_per_sec"]
-        how = f" with --sync-every {chosen['sync_every']} {chosen['sync_mode']}, E({n_hosts}) = {rate / (n_hosts * by_n[1]['images_per_sec']):.0%}"
-    else:
-        # A bench without its one-node reference wrote no efficiency (null): the rates still speak.
-        rate, how = here["images_per_sec"], f", E({n_hosts}) = {here['efficiency']:.0%}" if here.get("efficiency") is not None else ""
-    if best is not None and rate <= 1.05 * best["images_per_sec"]:
-        return (f"on {n_hosts} nodes this job trained at {rate:,.0f} img/s, against "
-                f"{best['images_per_sec']:,.0f} img/s on {best['nodes']} (edgetrain bench{how}): "
-                f"the extra nodes do not pay")
-    return None
