@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgetrain.controller import containers, inventory, placement, preflight
+from edgetrain.controller import containers, inventory, placement, preflight, runtimes
 from edgetrain.shared import datasets, mpi, progress, runs
 from edgetrain.rank import worker
 from edgetrain.controller import program as programs
@@ -63,8 +63,9 @@ def bare_mpirun(inv: Path, job: str, np: int, max_steps: int) -> float:
         running.start()
         try:
             token = progress.new_token()
-            worker = [containers.PYTHON, "-m", "edgetrain.rank.worker", "--run-dir", containers.RUN_MOUNT, "--events-token", token,
-                      "--data", containers.DATA_MOUNT, "--job-name", program.name, *program.worker_args()]
+            # edgetrain's own worker command, as its launch builds it for a run in containers.
+            worker = runtimes.worker_command(containers.PYTHON, runtimes.IN_CONTAINER, strategy, program, token,
+                                             strategy.worker_args(plan, strategy.default_port))
             start = time.monotonic()
             proc = subprocess.Popen(running.mpirun(worker), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert proc.stdout is not None

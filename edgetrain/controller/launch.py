@@ -241,13 +241,11 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
 
 def _worker_command(config: LaunchConfig, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
                     resumed_epoch: int | None, token: str) -> list[str]:
-    """``edgetrain.rank.worker``'s command line, the same for every rank."""
-    worker = [rt.python, "-m", "edgetrain.rank.worker", "--run-dir", rt.run_dir(run), "--store", rt.store(run),
-              "--data", rt.data_dir(run), "--strategy", config.strategy.name, "--job-name", config.program.name, "--events-token", token]
-    worker += config.strategy.worker_args(plan, config.port, config.ps)
-    if resumed_epoch is not None:
-        worker += ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
-    return worker + config.program.worker_args()
+    """The worker command of this attempt, the same for every rank: its runtime's directories, the
+    strategy's peers and a resume's checkpoint."""
+    resume = [] if resumed_epoch is None else ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
+    return runtimes.worker_command(rt.python, runtimes.RankDirs(rt.run_dir(run), rt.store(run), rt.data_dir(run)), config.strategy,
+                                   config.program, token, config.strategy.worker_args(plan, config.port, config.ps) + resume)
 
 
 def _undo(config: LaunchConfig, rt: runtimes.Runtime, created: runs.Run | None, lock: runs.RunLock | None, exc: BaseException) -> None:

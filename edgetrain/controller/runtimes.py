@@ -181,6 +181,25 @@ class Runtime:
 WORKER_MODULE = "edgetrain.rank.worker"
 
 
+@dataclass(frozen=True)
+class RankDirs:
+    """Where a rank finds the run's directory, the store's view of its files, and the datasets."""
+
+    run: str
+    store: str
+    data: str
+
+
+IN_CONTAINER = RankDirs(containers.RUN_MOUNT, containers.STORE_MOUNT, containers.DATA_MOUNT)
+
+
+def worker_command(python: str, dirs: RankDirs, strategy: Strategy, program: Program, token: str, extra: list[str]) -> list[str]:
+    """``edgetrain.rank.worker``'s command line, the same for every rank: ``extra`` (the strategy's
+    peers, a resume) before the program and its arguments."""
+    return [python, "-m", WORKER_MODULE, "--run-dir", dirs.run, "--store", dirs.store, "--data", dirs.data,
+            "--strategy", strategy.name, "--job-name", program.name, "--events-token", token, *extra, *program.worker_args()]
+
+
 def training_already(nodes: Nodes, host: Host) -> list[str]:
     """The host-runtime runs whose ranks train on ``host`` now, whoever started them, each as
     "run ID (N ranks, user U)": their workers' processes. A run in containers is not counted: the
@@ -194,7 +213,7 @@ def training_already(nodes: Nodes, host: Host) -> list[str]:
     found: dict[tuple[str, str], int] = {}
     for ppid, user, run_dir in workers.values():
         # A worker's own child (the program it runs) is the same rank; a container's are another runtime's.
-        if ppid not in workers and run_dir != containers.RUN_MOUNT:
+        if ppid not in workers and run_dir != IN_CONTAINER.run:
             key = (posixpath.basename(run_dir.rstrip("/")), user)
             found[key] = found.get(key, 0) + 1
     return [f"run {rid} ({n} rank{'s' if n > 1 else ''}, user {user})" for (rid, user), n in sorted(found.items())]
@@ -316,13 +335,13 @@ class DockerRuntime(Runtime):
         return {r.host.name: f"{r.runs_dir}/{run.id}" for r in self.reports}
 
     def run_dir(self, run: runs.Run) -> str:
-        return containers.RUN_MOUNT
+        return IN_CONTAINER.run
 
     def store(self, run: runs.Run) -> str:
-        return containers.STORE_MOUNT
+        return IN_CONTAINER.store
 
     def data_dir(self, run: runs.Run) -> str:
-        return containers.DATA_MOUNT
+        return IN_CONTAINER.data
 
     def start(self, run: runs.Run) -> None:
         self.containers = containers.Containers(self.nodes, self.plan, run.id, self.node_run_dirs(run))

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.controller import blame, images, inventory, placement, strategies
+from edgetrain.controller import blame, containers, images, inventory, placement, runtimes, strategies
+from edgetrain.controller import program as programs
+from edgetrain.controller.program import JobOptions
+from edgetrain.rank import worker
 from edgetrain.rank import strategies as rank_strategies
 from edgetrain.rank import tf_ps, torch_rank
 from edgetrain.shared.errors import EdgetrainError
@@ -66,13 +69,25 @@ def test_what_each_strategy_needs_is_what_every_image_labels():
     assert images.packages(labels) == {"horovod": "0.28.1"}  # an empty label: built without it
 
 
-def test_every_strategy_takes_the_launchers_call():
-    """The launcher asks each strategy the same way (edgetrain.controller.launch._worker_command)."""
+def test_every_strategy_takes_the_launchers_call_and_the_worker_reads_the_command():
+    """The launcher asks each strategy the same way, and edgetrain's one worker command builder
+    (runtimes.worker_command: launch's and lab/launch_cost.py's) says it all in words the rank's
+    worker parses back."""
     plan = placement.plan(inventory.Inventory(Path("inv"), (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))), 3)
+    program = programs.resolve("lenet", [], JobOptions(epochs=1))
     for strategy in strategies.STRATEGIES.values():
-        strategy.check_tasks(3, 1 if strategy.name == "tf-ps" else None)
-        args = strategy.worker_args(plan, 23456, None)
+        ps = 1 if strategy.name == "tf-ps" else None
+        strategy.check_tasks(3, ps)
+        args = strategy.worker_args(plan, 23456, ps)
         assert all(isinstance(a, str) for a in args), strategy.name
+        argv = runtimes.worker_command("python3", runtimes.IN_CONTAINER, strategy, program, "tok", args)
+        assert argv[:3] == ["python3", "-m", runtimes.WORKER_MODULE]
+        told = worker.parse_args(argv[3:])
+        assert (str(told.run_dir), str(told.store), str(told.data)) == (containers.RUN_MOUNT, containers.STORE_MOUNT, containers.DATA_MOUNT)
+        assert (told.strategy, told.job_name, told.events_token) == (strategy.name, "lenet", "tok")
+        assert told.peers == (args[1] if args else ""), strategy.name
+        assert argv[-len(program.worker_args()):] == program.worker_args()  # the program last, after --
+        assert (told.module, told.program, told.args[:2]) == (True, "edgetrain.rank.training", ["--job", "lenet"]), strategy.name
 
 
 def test_a_rank_pinned_to_a_gpu_its_host_lacks_is_told_why_and_offered_no_resume(monkeypatch):
