@@ -185,7 +185,7 @@ def _attempt(started: launch.Launch) -> launch.Outcome:
         try:
             advice = bench_record.advice(scaled, len(started.placement.hosts))
         except Exception as exc:  # noqa: BLE001 - advice from anyone's bench.json, after the run has started: never its end
-            advice = f"edgetrain bench's advice left out: {scaled.get('path')} did not read as a bench ({type(exc).__name__}: {exc})"
+            advice = f"edgetrain bench's advice left out: {scaled.path} did not read as a bench ({type(exc).__name__}: {exc})"
     if advice:
         _warn(advice)
     console.print(f"run {started.run.id}: logs and outputs in {started.run.path}", markup=False)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from edgetrain.controller.bench.record import BENCH, read
+from edgetrain.controller.bench.model import SyncCandidate
+from edgetrain.controller.bench.record import BENCH, BenchRecord, read
 from edgetrain.shared import runs
-from edgetrain.shared.sync import EVERY_STEP
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] | None = None) -> Path:
@@ -33,13 +33,13 @@ def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] 
         raise UsageError(f"{out}: a plot is written as {', '.join('.' + f for f in FORMATS)}", f"name the file {out.with_suffix('.svg').name}")
     if not benches:
         return save(run_figure([runs.Run(d) for d in found], labels), out)
-    bodies = []
+    read_back = []
     for d in found:
         try:
-            bodies.append(read(d / BENCH))
+            read_back.append(read(d / BENCH))
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"{d / BENCH} cannot be read: {exc}", "the bench was cut short or the file was damaged") from None
-    return save(bench_figure(list(zip(labels or [d.name for d in found], bodies, strict=True))), out)
+    return save(bench_figure(list(zip(labels or [d.name for d in found], read_back, strict=True))), out)
 
 
 def _pyplot():
@@ -64,66 +64,66 @@ def _sync_name(k: int, mode: str) -> str:
     return f"--sync-every {k} {mode}"
 
 
-def _syncs(body: dict) -> tuple[str, dict[str, list[dict]]]:
+def _syncs(bench: BenchRecord) -> tuple[str, dict[str, list[SyncCandidate]]]:
     """The N-loop's own --sync-every setting's legend name, and the measured candidates other than it
     by theirs, each in N order."""
-    own = _sync_name(body.get("sync_every") or EVERY_STEP.sync_every, body.get("sync_mode") or EVERY_STEP.sync_mode.value)
-    found: dict[str, list[dict]] = {}
-    for c in sorted(body.get("sync_candidates") or [], key=lambda c: c["nodes"]):
-        name = _sync_name(c["sync_every"], c["sync_mode"])
-        if c.get("images_per_sec") and name != own:
+    own = _sync_name(bench.sync_every, bench.sync_mode.value)
+    found: dict[str, list[SyncCandidate]] = {}
+    for c in sorted(bench.sync_candidates, key=lambda c: c.nodes):
+        name = _sync_name(c.sync_every, c.sync_mode)
+        if c.images_per_sec and name != own:
             found.setdefault(name, []).append(c)
     return own, found
 
 
-def bench_figure(benches: list[tuple[str, dict]]):
+def bench_figure(benches: list[tuple[str, BenchRecord]]):
     """img/s against N (median of the tries, their range as error bars, the ideal N x R(1) dashed),
     E(N) measured and predicted (the band from nothing to all of the allreduce hidden, shaded), and
-    the seconds to the target accuracy - one series per (label, bench.json body), and one more per
+    the seconds to the target accuracy - one series per (label, bench), and one more per
     --sync-every candidate the bench measured besides its own setting."""
     plt = _pyplot()
     fig, (rate, eff, target) = plt.subplots(1, 3, figsize=(13, 4), layout="constrained")
     goals = set()
     colours = (f"C{i}" for i in itertools.count())
-    for bench_label, body in benches:
+    for bench_label, bench in benches:
         colour = next(colours)
-        own, others = _syncs(body)
+        own, others = _syncs(bench)
         label = f"{bench_label}: {own}" if others else bench_label
-        points = [p for p in body.get("points") or [] if p.get("images_per_sec")]
-        for ax, key, trial_key in ((rate, "images_per_sec", "images_per_sec"), (target, "seconds_to_target", "seconds_to_target")):
-            shown = [p for p in points if p.get(key) is not None]
-            tries = [[t[trial_key] for t in p["trials"] if t.get(trial_key) is not None] for p in shown]
-            bars = list(zip(*(_spread(v, p[key]) for v, p in zip(tries, shown, strict=True)), strict=True)) or None
-            ax.errorbar([p["nodes"] for p in shown], [p[key] for p in shown], yerr=bars, color=colour, marker="o",
+        points = [p for p in bench.points or () if p.images_per_sec]
+        for ax, key in ((rate, "images_per_sec"), (target, "seconds_to_target")):
+            shown = [p for p in points if getattr(p, key) is not None]
+            tries = [[getattr(t, key) for t in p.trials if getattr(t, key) is not None] for p in shown]
+            bars = list(zip(*(_spread(v, getattr(p, key)) for v, p in zip(tries, shown, strict=True)), strict=True)) or None
+            ax.errorbar([p.nodes for p in shown], [getattr(p, key) for p in shown], yerr=bars, color=colour, marker="o",
                         capsize=3, label=label)
         # N x the one-node rate E(N) divides by (bench --reference concurrent: N's own; older benches: N = 1's).
-        one = next((p["images_per_sec"] for p in points if p["nodes"] == 1), None)
-        refs = {p["nodes"]: p.get("reference") or one for p in points}
+        one = next((p.images_per_sec for p in points if p.nodes == 1), None)
+        refs = {p.nodes: p.reference or one for p in points}
         ideal = [(n, n * ref) for n, ref in refs.items() if ref]
         if ideal:
             rate.plot(*zip(*ideal, strict=True), color=colour, linestyle=":", alpha=0.6, label=f"{label}: N x one node")
-        eff.plot([p["nodes"] for p in points if p.get("efficiency") is not None],
-                 [p["efficiency"] for p in points if p.get("efficiency") is not None], color=colour, marker="o", label=f"{label}: measured")
-        predicted = sorted((int(n), e) for n, e in (body.get("predicted_efficiency") or {}).items())
+        eff.plot([p.nodes for p in points if p.efficiency is not None],
+                 [p.efficiency for p in points if p.efficiency is not None], color=colour, marker="o", label=f"{label}: measured")
+        predicted = sorted((n, e) for n, e in bench.predicted_efficiency.items() if e is not None)
         if predicted:
             eff.plot([n for n, _ in predicted], [e for _, e in predicted], color=colour, linestyle="--", marker="x",
                      label=f"{label}: predicted")
-            band = sorted((int(n), lo, hi) for n, (lo, hi) in (body.get("predicted_range") or {}).items())
+            band = sorted((n, lo, hi) for n, (lo, hi) in bench.predicted_range.items())
             if band:
                 eff.fill_between([n for n, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band], color=colour, alpha=0.12)
         for name, found in others.items():
             colour, name = next(colours), f"{bench_label}: {name}"
             for ax, key in ((rate, "images_per_sec"), (target, "seconds_to_target")):
-                shown = [c for c in found if c.get(key) is not None]
-                ax.plot([c["nodes"] for c in shown], [c[key] for c in shown], color=colour, marker="s", label=name)
-            measured = [(c["nodes"], c["images_per_sec"] / (c["nodes"] * refs[c["nodes"]])) for c in found if refs.get(c["nodes"])]
+                tried = [c for c in found if getattr(c, key) is not None]
+                ax.plot([c.nodes for c in tried], [getattr(c, key) for c in tried], color=colour, marker="s", label=name)
+            measured = [(c.nodes, c.images_per_sec / (c.nodes * ref)) for c in found if c.images_per_sec and (ref := refs.get(c.nodes))]
             if measured:
                 eff.plot(*zip(*measured, strict=True), color=colour, marker="s", label=f"{name}: measured")
-            expected = [(c["nodes"], c["predicted"]) for c in found if c.get("predicted") is not None]
+            expected = [(c.nodes, c.predicted) for c in found]
             if expected:
                 eff.plot(*zip(*expected, strict=True), color=colour, linestyle="--", marker="x", label=f"{name}: predicted")
-        if body.get("target_accuracy"):
-            goals.add(body["target_accuracy"])
+        if bench.target_accuracy:
+            goals.add(bench.target_accuracy)
     rate.set(title="img/s (median; bars: the tries' range)", xlabel="nodes N", ylabel="images / s")
     eff.set(title="E(N) = R(N) / (N R(1))", xlabel="nodes N")
     eff.axhline(1.0, color="grey", linewidth=0.8)

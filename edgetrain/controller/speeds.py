@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from edgetrain.controller import inventory
+from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.placement import Placement
 from edgetrain.shared import runs
 from edgetrain.shared.errors import EdgetrainError, UsageError
@@ -54,26 +55,26 @@ class NodeSpeeds:
         return replace(placement, speeds=ranks, speeds_from=source)
 
 
-def from_bench(body: dict | None, root: Path) -> NodeSpeeds:
-    """Each node's one-node img/s in a bench.json ``body`` (None: no bench): the median of its
-    one-node runs beside the most others (``--reference concurrent`` at its largest N, which times
-    each of those nodes under the same neighbours), or with none beside others those run alone. A
-    run's node is the trial's own ``host`` where recorded, else its run record's; a run that cannot
-    be read is passed over."""
-    if body is None:
+def from_bench(bench: BenchRecord | None, root: Path) -> NodeSpeeds:
+    """Each node's one-node img/s in a bench (None: no bench): the median of its one-node runs
+    beside the most others (``--reference concurrent`` at its largest N, which times each of those
+    nodes under the same neighbours), or with none beside others those run alone. A run's node is
+    the trial's own ``host`` where recorded, else its run record's; a run that cannot be read is
+    passed over."""
+    if bench is None:
         return NodeSpeeds()
-    ones = [t for t in body.get("trials") or [] if t.get("nodes") == 1 and t.get("images_per_sec")]
-    most = max((t.get("beside") or 0 for t in ones), default=0)
+    ones = [t for t in bench.trials if t.nodes == 1 and t.images_per_sec]
+    most = max((t.beside for t in ones), default=0)
     found: dict[str, list[float]] = {}
-    for t in (t for t in ones if (t.get("beside") or 0) == most):
-        host = t.get("host")
+    for t in (t for t in ones if t.beside == most):
+        host = t.host
         if host is None:
             try:
-                where = runs.find(root, t["run"]).record().placement
+                where = runs.find(root, t.run).record().placement
             except (EdgetrainError, OSError):
                 continue
             host = where.hosts[0]["host"] if where is not None and where.hosts else None
-        if host is not None:
-            found.setdefault(host, []).append(t["images_per_sec"])
+        if host is not None and t.images_per_sec:
+            found.setdefault(host, []).append(t.images_per_sec)
     rates = {host: statistics.median(values) for host, values in found.items()}
-    return NodeSpeeds(MappingProxyType(rates), Path(body["path"]).parent.name if body.get("path") else None)
+    return NodeSpeeds(MappingProxyType(rates), bench.name)

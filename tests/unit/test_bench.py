@@ -3,6 +3,7 @@ machine in tests/mpi/test_bench.py, and measures for real on the testbed in test
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from edgetrain.controller.bench import model, record, runner
-from edgetrain.shared import jobs, runs, untrusted
+from edgetrain.shared import jobs, runs
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import Sync, SyncMode
@@ -203,7 +204,12 @@ def _bench(target: str, runs_dir: Path, options: JobOptions | None = None, **ben
 
 def _body(rates: dict[int, float]) -> dict:
     one = rates[1]
-    return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one)} for n, r in rates.items()]}
+    return {"points": [{"nodes": n, "images_per_sec": r, "efficiency": r / (n * one), "trials": []} for n, r in rates.items()]}
+
+
+def _advice(body: dict, n_hosts: int) -> str | None:
+    """What `edgetrain run` on ``n_hosts`` nodes says of a bench.json holding ``body``."""
+    return record.advice(record.BenchRecord.from_json(body), n_hosts)
 
 
 @pytest.mark.parametrize(("reference", "one_at_two"), [(runner.Reference.ALONE, 100.0), (runner.Reference.CONCURRENT, 85.0)])
@@ -222,11 +228,11 @@ def test_e_n_divides_by_one_node_alone_or_by_the_one_node_runs_made_beside_each_
 
 
 def test_advice_warns_only_when_the_extra_nodes_do_not_pay():
-    assert record.advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
-    warning = record.advice(_body({1: 231, 2: 165, 3: 160}), 3)
+    assert _advice(_body({1: 231, 2: 165, 3: 160}), 2) is not None
+    warning = _advice(_body({1: 231, 2: 165, 3: 160}), 3)
     assert "160 img/s" in warning and "231 img/s on 1" in warning
-    assert record.advice(_body({1: 250, 2: 450, 3: 640}), 3) is None
-    assert record.advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
+    assert _advice(_body({1: 250, 2: 450, 3: 640}), 3) is None
+    assert _advice(_body({1: 250, 2: 450}), 3) is None  # never measured: nothing to say
 
 
 def test_each_try_has_its_own_seed_the_same_at_every_n(tmp_path):
@@ -338,8 +344,6 @@ def _bench_with_choice(root, name: str, choice: dict | None, inventory: str | No
     d = root / name
     d.mkdir(parents=True)
     body = {**_body({1: 250, 3: 600}), "inventory": inventory, "sync_choice": choice}
-    for p in body["points"]:
-        p["trials"] = []
     (d / "bench.json").write_text(json.dumps(body))
 
 
@@ -370,11 +374,11 @@ def test_run_sync_every_auto_takes_the_newest_benchs_choice_for_the_program_and_
 
 def test_advice_counts_the_best_k_the_bench_measured_and_warns_when_even_it_does_not_pay():
     body = _body({1: 231, 2: 165, 3: 160})
-    assert record.advice(body, 3) is not None
+    assert _advice(body, 3) is not None
     paid = {**body, "sync_choice": {"sync_every": 4, "sync_mode": "grads", "nodes": 3, "by": "img/s", "images_per_sec": 560.0}}
-    assert record.advice(paid, 3) is None
+    assert _advice(paid, 3) is None
     unpaid = {**body, "sync_choice": {**paid["sync_choice"], "images_per_sec": 200.0}}
-    warning = record.advice(unpaid, 3)
+    warning = _advice(unpaid, 3)
     assert "200 img/s" in warning and "with --sync-every 4 grads" in warning and "231 img/s on 1" in warning
 
 
@@ -401,10 +405,10 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     # Each mode's best-predicted K right after the N-loop's own try, at every N > 1, in every try.
     each = [(1, "grads"), (4, "grads"), (4, "weights")]
     assert ran == [(n, a, k, m) for a in (1, 2) for n in (1, 2, 3) for (k, m) in (each[:1] if n == 1 else each)]
-    assert b.choice == {"sync_every": 4, "sync_mode": "weights", "nodes": 3, "by": "time to the target",
-                        "images_per_sec": 900.0, "seconds_to_target": 58.5}
+    assert b.choice == record.SyncChoice(4, SyncMode.WEIGHTS, 3, "time to the target", 900.0, 58.5)
     body = json.loads((b.dir / "bench.json").read_text())
-    assert body["sync_choice"] == b.choice
+    assert body["sync_choice"] == {"sync_every": 4, "sync_mode": "weights", "nodes": 3, "by": "time to the target",
+                                   "images_per_sec": 900.0, "seconds_to_target": 58.5}
     kept = {(c["sync_every"], c["sync_mode"], c["nodes"]): c for c in body["sync_candidates"]}
     assert set(kept) == {(k, m, n) for n in (2, 3) for k, m in ((1, "grads"), (2, "grads"), (2, "weights"), (4, "grads"), (4, "weights"))}
     assert kept[(4, "grads", 2)]["runs"] == ["run-3", "run-10"] and kept[(4, "grads", 3)]["runs"] == ["run-6", "run-13"]
@@ -413,7 +417,7 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     assert kept[(1, "grads", 3)]["runs"] == ["run-5", "run-12"] and kept[(1, "grads", 3)]["seconds_to_target"] == 98.5
     # The points are the N-loop's alone: the candidates' tries are not medians of any N.
     assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
-    assert record.latest(tmp_path / "runs", "lenet", None, having="sync_choice")["sync_choice"] == b.choice
+    assert record.latest(tmp_path / "runs", "lenet", None, chosen=True).sync_choice == b.choice
 
 
 def test_sync_every_auto_is_bounded_by_the_steps_of_an_epoch_and_says_so(tmp_path):
@@ -435,7 +439,47 @@ def test_a_bench_without_its_one_node_reference_still_advises_and_never_fails_a_
     body = _body({1: 231, 2: 165, 3: 160})
     for p in body["points"]:
         p.update(trials=[], efficiency=None, reference=None)
-    untrusted.check(body, record.SCHEMA)  # what run reads passes bench.json's schema
-    warning = record.advice(body, 3)
+    warning = _advice(body, 3)  # what run reads passes bench.json's schema
     assert warning == ("on 3 nodes this job trained at 160 img/s, against 231 img/s on 1 (edgetrain bench): "
                        "the extra nodes do not pay")
+
+
+KEPT = Path(__file__).resolve().parents[2] / "docs" / "benches"
+
+
+def test_a_damaged_field_is_refused_when_bench_json_is_read_and_such_a_bench_passed_over(tmp_path):
+    root = tmp_path / "runs"
+    _bench_with_choice(root, "20261201-000000-bench-lenet-aaaa", None)
+    damaged = root / "20261202-000000-bench-lenet-bbbb"
+    _bench_with_choice(root, damaged.name, None)
+    body = json.loads((damaged / "bench.json").read_text())
+    body["trials"] = [{"nodes": 1, "run": "r", "status": "completed", "images_per_sec": 250.0},
+                      {"nodes": 3, "run": "s", "status": "completed", "images_per_sec": "fast"}]
+    (damaged / "bench.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match=r"^trials\[1\]\.images_per_sec is a string, not a number$"):
+        record.read(damaged / "bench.json")
+    assert record.latest(root, "lenet", None).name == "20261201-000000-bench-lenet-aaaa"
+    # Fields the record does not know (a newer bench's, anyone's) travel along unread: not damage.
+    body["trials"][1]["images_per_sec"] = 600.0
+    body["allreduce"] = [{"nodes": 3, "bytes": 8, "seconds": 0.1, "cpu_seconds": 0.1, "latency_seconds": 0.01, "run": "a", "new": 1}]
+    body["trials"][0]["new"] = body["points"][0]["new"] = body["new"] = {"any": "thing"}
+    body["path"] = "/etc"  # where a record was read from is the reader's to say
+    (damaged / "bench.json").write_text(json.dumps(body))
+    found = record.latest(root, "lenet", None)
+    assert found.trials[1].images_per_sec == 600.0 and found.path == damaged / "bench.json"
+    assert record.BenchRecord.from_json(body).path is None
+
+
+def test_a_kept_bench_reads_into_its_record_and_writes_back_the_same_json(tmp_path):
+    written = [f.name for f in dataclasses.fields(record.BenchRecord) if f.metadata.get("written", True)]
+    kept = [p for p in sorted(KEPT.rglob("*-bench-*.json")) if list(json.loads(p.read_text())) == written]
+    assert len(kept) >= 8  # every bench kept since bench.json took its present form
+    for path in kept:
+        bench = record.read(path)
+        assert isinstance(bench.sync_choice, record.SyncChoice | None) and all(isinstance(p, record.Point) for p in bench.points)
+        assert all(isinstance(t, record.Trial) for t in bench.trials) and bench.trials, path
+        record.write(tmp_path, bench)
+        assert (tmp_path / "bench.json").read_text() == path.read_text(), path
+    # Older ones (before --sync-every) read too, with today's defaults for what they lack.
+    older = [p for p in sorted(KEPT.rglob("*-bench-*.json")) if p not in kept]
+    assert older and all(record.read(p).points for p in older)

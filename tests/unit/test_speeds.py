@@ -4,9 +4,13 @@ sharing a node share its speed, and a run with neither is refused saying how to 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from edgetrain.controller import placement, speeds
+from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.inventory import Host
 from edgetrain.shared import record, runs
 from edgetrain.shared.batches import SPEEDS_ENV
@@ -22,7 +26,12 @@ def placed(*hosts_and_ranks) -> placement.Placement:
 
 
 def trial(run: str, ips: float, nodes: int = 1, beside: int = 0, **more) -> dict:
-    return {"nodes": nodes, "run": run, "images_per_sec": ips, "beside": beside, **more}
+    return {"nodes": nodes, "run": run, "images_per_sec": ips, "status": "completed", "beside": beside, **more}
+
+
+def bench(trials: list[dict], path: Path | None = None) -> BenchRecord:
+    """A bench.json holding these trials, as bench reads it back (from ``path``)."""
+    return replace(BenchRecord.from_json({"points": None, "trials": trials}), path=path)
 
 
 def one_node_run(root, host_name: str) -> str:
@@ -34,9 +43,8 @@ def one_node_run(root, host_name: str) -> str:
 
 def test_a_bench_that_timed_every_node_wins_and_each_node_is_its_runs_median(tmp_path):
     a, b = one_node_run(tmp_path, "pi5"), one_node_run(tmp_path, "pi4")
-    body = {"path": str(tmp_path / "20261205-bench-lenet-1" / "bench.json"),
-            "trials": [trial(a, 500.0), trial(a, 520.0), trial(a, 900.0), trial(b, 250.0), trial("gone", 1.0, host="pi4"),
-                       trial(a, 9999.0, nodes=2)]}
+    body = bench([trial(a, 500.0), trial(a, 520.0), trial(a, 900.0), trial(b, 250.0), trial("gone", 1.0, host="pi4"),
+                  trial(a, 9999.0, nodes=2)], tmp_path / "20261205-bench-lenet-1" / "bench.json")
     known = speeds.from_bench(body, tmp_path)
     assert dict(known.measured) == {"pi5": 520.0, "pi4": 125.5}
     said: list[str] = []
@@ -47,9 +55,9 @@ def test_a_bench_that_timed_every_node_wins_and_each_node_is_its_runs_median(tmp
 
 
 def test_one_node_runs_beside_the_most_others_are_taken_over_those_alone():
-    body = {"trials": [trial("r1", 800.0, host="pi5"), trial("r2", 600.0, beside=1, host="pi5"),
-                       trial("r3", 400.0, beside=2, host="pi5"), trial("r4", 200.0, beside=2, host="pi4"),
-                       trial("r5", 210.0, beside=2, host="pi4b")]}
+    body = bench([trial("r1", 800.0, host="pi5"), trial("r2", 600.0, beside=1, host="pi5"),
+                  trial("r3", 400.0, beside=2, host="pi5"), trial("r4", 200.0, beside=2, host="pi4"),
+                  trial("r5", 210.0, beside=2, host="pi4b")])
     assert dict(speeds.from_bench(body, None).measured) == {"pi5": 400.0, "pi4": 200.0, "pi4b": 210.0}
 
 

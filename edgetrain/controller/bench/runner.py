@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from edgetrain.controller import program as programs
 from edgetrain.controller import strategies
 from edgetrain.controller.bench import record
 from edgetrain.controller.bench.model import Allreduce, Prediction, SyncCandidate, best_per_mode, choose, evaluation_interval, median, predict
-from edgetrain.controller.bench.record import Point, Trial
+from edgetrain.controller.bench.record import BenchRecord, Point, SyncChoice, Trial
 from edgetrain.controller.config import Attempt
 from edgetrain.controller.program import JobOptions, Program
 from edgetrain.controller.strategies import STRATEGIES
@@ -165,7 +165,7 @@ class Bench:
         self.predicted: dict[int, Prediction] = {}
         self.sync_predicted: dict[int, list[SyncCandidate]] = {}  # (s), by N
         self.candidates: list[SyncCandidate] = []  # (s), at every N: predicted, and measured where tried
-        self.choice: dict[str, Any] | None = None
+        self.choice: SyncChoice | None = None
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
@@ -328,12 +328,12 @@ class Bench:
         if self.sync_candidates:
             self.choose_sync()
         points = self.points()
-        body = self.save(points)
+        saved = self.save(points)
         if not any(t.status == runs.Status.COMPLETED.value for t in self.trials):
             raise EdgetrainError(f"bench {self.dir.name}: no run completed, so nothing was measured",
                                  f"each run's logs are in its directory under {self.root} (the bench's lines above name them)")
         try:
-            self.plot = plots.save(plots.bench_figure([(f"{self.program.name} ({self.strategy.name})", body)]), self.dir / "bench.svg")
+            self.plot = plots.save(plots.bench_figure([(f"{self.program.name} ({self.strategy.name})", saved)]), self.dir / "bench.svg")
         except EdgetrainError as exc:  # the measurements are saved: a missing plot costs none of them
             log(f"edgetrain: warning: no plot: {exc.problem} ({exc.fix})")
         return points
@@ -405,8 +405,7 @@ class Bench:
             log(f"(s) no --sync-every chosen: no try at {n} nodes trained")
             return
         chosen, why = picked
-        self.choice = {"sync_every": chosen.sync_every, "sync_mode": chosen.sync_mode, "nodes": n, "by": why,
-                       "images_per_sec": chosen.images_per_sec, "seconds_to_target": chosen.seconds_to_target}
+        self.choice = SyncChoice(chosen.sync_every, SyncMode(chosen.sync_mode), n, why, chosen.images_per_sec, chosen.seconds_to_target)
         log(f"(s) chose --sync-every {chosen.sync_every} --sync-mode {chosen.sync_mode} on {n} nodes, by {why}: "
             + "; ".join(f"{m.sync_every} {m.sync_mode} " + (f"{m.images_per_sec:,.0f} img/s" if m.images_per_sec else "no img/s")
                         + (f", target at {m.seconds_to_target:.0f} s" if m.seconds_to_target is not None else "") for m in measured))
@@ -461,24 +460,20 @@ class Bench:
             share = min(1.0, ar.per_update / self.sync.sync_every / step) if ar and step else None
             guess = self.predicted.get(n)
             out.append(Point(n, ips, eff, share, median([t.seconds_to_target for t in trials]),
-                             guess.expected if guess else None, trials, (guess.low, guess.high) if guess else None,
+                             guess.expected if guess else None, tuple(trials), (guess.low, guess.high) if guess else None,
                              median([t.images_per_cpu_second for t in trials]), one))
         return out
 
-    def save(self, points: list[Point] | None = None) -> dict[str, Any]:
-        body = {
-            "program": self.program.name, "args": list(self.program.args), "strategy": self.strategy.name, "command": list(self.config.command),
-            "inventory": record.where(self.config.inventory),
-            "hosts": [h.name for h in self.hosts[:self.nodes[-1]]], "repeat": self.repeat, "reference": self.reference_mode.value,
-            "target_accuracy": self.target_accuracy, "fp16": self.fp16,
-            "sync_every": self.sync.sync_every, "sync_mode": self.sync.sync_mode.value,
-            "busy_cores": self.busy_cores(),
-            "allreduce": [asdict(a) for a in self.allreduce.values()],
-            "predicted_efficiency": {n: e.expected for n, e in self.predicted.items()},
-            "predicted_range": {n: [e.low, e.high] for n, e in self.predicted.items()},
-            "trials": [asdict(t) for t in self.trials], "points": [asdict(p) for p in points] if points else None,
-            "sync_candidates": [asdict(c) for c in self.candidates], "sync_choice": self.choice,
-            "seconds": round(time.monotonic() - self.started, 1),
-        }
-        record.write(self.dir, body)
-        return body
+    def save(self, points: list[Point] | None = None) -> BenchRecord:
+        bench = BenchRecord(
+            program=self.program.name, args=self.program.args, strategy=self.strategy.name, command=self.config.command,
+            inventory=record.where(self.config.inventory), hosts=tuple(h.name for h in self.hosts[:self.nodes[-1]]),
+            repeat=self.repeat, reference=self.reference_mode.value, target_accuracy=self.target_accuracy, fp16=self.fp16,
+            sync_every=self.sync.sync_every, sync_mode=self.sync.sync_mode, busy_cores=self.busy_cores(),
+            allreduce=tuple(self.allreduce.values()),
+            predicted_efficiency={n: e.expected for n, e in self.predicted.items()},
+            predicted_range={n: (e.low, e.high) for n, e in self.predicted.items()},
+            trials=tuple(self.trials), points=tuple(points) if points else None,
+            sync_candidates=tuple(self.candidates), sync_choice=self.choice, seconds=round(time.monotonic() - self.started, 1))
+        record.write(self.dir, bench)
+        return bench
