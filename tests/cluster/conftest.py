@@ -102,16 +102,24 @@ def overcommitted(testbed, pi4) -> str | None:
     return overcommit([pi4] * len(testbed.state.nodes), machine_cores())
 
 
+@contextlib.contextmanager
+def _emulating(testbed, boards, overcommitted: str | None):
+    """The testbed's nodes as ``boards`` (one for all, or one per node), warned when this machine
+    cannot give them all their CPU at once, and given back whole afterwards."""
+    if overcommitted:
+        warnings.warn(overcommitted, stacklevel=3)
+    testbed.emulate(boards)
+    try:
+        yield
+    finally:
+        testbed.emulate(None)
+
+
 @pytest.fixture
 def emulated(testbed, pi4, overcommitted) -> Testbed:
     """The session's testbed with every node a Pi 4's CPU, given back whole afterwards."""
-    if overcommitted:
-        warnings.warn(overcommitted, stacklevel=1)
-    testbed.emulate(pi4)
-    try:
+    with _emulating(testbed, pi4, overcommitted):
         yield testbed
-    finally:
-        testbed.emulate(None)
 
 
 @pytest.fixture
@@ -126,14 +134,8 @@ def mixed(testbed, board) -> Testbed:
     if len(models) != len(nodes):
         pytest.fail(f"EDGETRAIN_TESTBED_MODELS names {len(models)} boards for the testbed's {len(nodes)} nodes")
     boards = [board(m, "pessimistic") for m in models]
-    said = overcommit(boards, machine_cores())
-    if said:
-        warnings.warn(said, stacklevel=1)
-    testbed.emulate(boards)
-    try:
+    with _emulating(testbed, boards, overcommit(boards, machine_cores())):
         yield testbed
-    finally:
-        testbed.emulate(None)
 
 
 @pytest.fixture
