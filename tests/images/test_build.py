@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 
@@ -23,6 +24,10 @@ BUILD_PACKAGES = ("gcc", "gcc-12", "g++", "g++-12", "g++-11", "cpp", "binutils",
 # 7.95 GB with 1.13.1's CUDA 11.7); the CPU images carry a CPU-only torch 2.x beside TensorFlow: on
 # amd64 2.13.0+cpu, 0.24 GB more than Debian's 1.13.1 was (2.03 GB against 1.79).
 SIZE_LIMIT = {"amd64": 2.2e9, "arm64": 2.0e9, "cuda": 12.0e9}
+# An apt proxy as a site gives one, credentials in the URL, on a testbed address: no build here
+# fetches through it (the rebuild runs no step, the probes no apt), so nothing need answer there.
+PROXY_PASSWORD, PROXY_HOST = "s3cret", "198.18.0.254"
+APT_PROXY = f"http://user:{PROXY_PASSWORD}@{PROXY_HOST}:3142"
 
 
 def run_in(image: str, *cmd: str, timeout: float = 300, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -37,6 +42,18 @@ def run_in(image: str, *cmd: str, timeout: float = 300, env: dict[str, str] | No
 def pins_of(image) -> dict[str, str]:
     """What the image's target pins (constraints.txt as it applies there)."""
     return images.pinned_versions(images.target(image.tag.rsplit("-", 1)[-1]))
+
+
+def proxy_traces(ref: str) -> list[str]:
+    """Where the image keeps APT_PROXY's password or host: each layer's command (`docker history`),
+    and the configuration (environment, labels, the step's container) of the image and of every
+    parent image this engine holds."""
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.ID}} {{.CreatedBy}}", ref],
+                             capture_output=True, text=True, check=True).stdout
+    held = [line.split(" ", 1)[0] for line in history.splitlines() if not line.startswith("<missing>")]
+    inspect = subprocess.run(["docker", "image", "inspect", *held], capture_output=True, text=True, check=True).stdout
+    return [f"{needle} in {where}" for where, text in (("docker history", history), ("docker image inspect", inspect))
+            for needle in (PROXY_PASSWORD, PROXY_HOST) if needle in text]
 
 
 def test_check_build_reports_tensorflow_and_mpi(image):
@@ -143,7 +160,11 @@ def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_im
     tag = f"{amd64_image.tag}-rebuild"
     try:
         with log.open("w") as out:
-            again = images.build(images.TARGETS["amd64"], cache_dir, base_image=amd64_image.base_image, tag=tag, output=out)
+            # Given an apt proxy (issue 80, item 8): a predefined build argument is not part of a
+            # layer's cache key, so the same image comes back, and nothing of the proxy is in it.
+            again = images.build(images.TARGETS["amd64"], cache_dir, base_image=amd64_image.base_image, tag=tag,
+                                 apt_proxy=APT_PROXY, output=out)
+        assert proxy_traces(tag) == []
     finally:
         subprocess.run(["docker", "image", "rm", tag], capture_output=True, check=False)
     lines = log.read_text().splitlines()
@@ -155,3 +176,22 @@ def test_cached_rebuild_reuses_wheelhouse_and_layers(engine, cache_dir, amd64_im
     # The same tree gives the same image: its own wheel is reproducible, so no layer is rebuilt.
     assert again.image_id == amd64_image.image_id, "\n".join(line for line in lines if line.startswith("Step ") or "Using cache" in line)
     print(f"cached rebuild: {again.seconds:.0f} s")
+
+
+@pytest.mark.parametrize(("argument", "declared", "kept"), [("HTTP_PROXY", False, False), ("APT_PROXY", True, True)],
+                         ids=["predefined", "custom"])
+def test_a_step_given_the_proxy_keeps_it_only_from_a_custom_argument(amd64_image, tmp_path, argument, declared, kept):
+    """What the rebuild above cannot show, every step of it cached: a step that runs with the proxy
+    (as images/apt-install does) keeps nothing of it when it comes in HTTP_PROXY, undeclared, and
+    keeps it all in a custom argument, as the old --apt-proxy's APT_PROXY did (so proxy_traces finds
+    what it looks for). The step fails unless the value reached it."""
+    declare = f"ARG {argument}\n" if declared else ""
+    (tmp_path / "Dockerfile").write_text(f'FROM {amd64_image.base_image}\n{declare}RUN test -n "${argument}"\n')
+    tag = f"edgetrain-proxy-probe:{argument.lower()}"
+    try:
+        images.engine_build(tmp_path, tag=tag, platform="linux/amd64", buildargs={argument: APT_PROXY}, network_mode="none",
+                            log=None, output=io.StringIO())
+        found = proxy_traces(tag)
+        assert (f"{PROXY_PASSWORD} in docker history" in found) if kept else found == [], found
+    finally:
+        subprocess.run(["docker", "image", "rm", tag], capture_output=True, check=False)
