@@ -23,6 +23,8 @@ from lab import mixed_bench
 from lab.__main__ import main as lab_main
 from tests.conftest import ROOT, edgetrain
 
+from .conftest import BRACKET
+
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 SCRIPTS = ROOT / "tests" / "scripts" / "batches"
@@ -71,7 +73,7 @@ def test_batch_by_speed_trains_on_a_pi5_beside_two_pi4s(cluster, inventory, repo
         weighted, unweighted = float(found[2]), float(found[3])
         assert weighted < 1e-5, found[0]  # the union's update, step for step, to float tolerance
         assert unweighted > 1e-3, found[0]  # the loss weight is what makes it so
-    report[f"--batch-by speed on pi5 + 2 x pi4 (pessimistic bracket), {program}"] = f"{took:.0f} s (smoke figure: start to end, one run)"
+    report[f"--batch-by speed on pi5 + 2 x pi4 ({BRACKET} bracket), {program}"] = f"{took:.0f} s (smoke figure: start to end, one run)"
     assert cluster.leftovers() == {}
 
 
