@@ -180,7 +180,7 @@ class Sitting:
             for node, rate in rates.items():
                 if not rate:
                     raise SystemExit(f"seed {self.seed}: {node} has no rate alone to size its batch by")
-                hosts[node]["edgetrain_speed"] = round(rate, 1)
+                hosts[node]["edgetrain_speed"] = round(rate)  # the inventory takes a whole number
         inv = self._inventory(f"setup{position}.yml", hosts)
         steps = trained_on(JOB.dataset, self.o.holdout) // (setup.nodes * JOB.batch_size)
         steps = min(steps, self.o.max_steps) if self.o.max_steps else steps
