@@ -324,7 +324,9 @@ def table(records: list[dict]) -> str:
     seeds = sorted(r["seed"] for r in records)
     o = records[0]["options"]
     head = (f"| A Pi 5 (assumed 2x a Pi 4) and two Pi 4s, pessimistic bracket, {records[0]['link_mbit']} Mbit/s, LeNet to "
-            f"{o['target']:.1%} on held-out split {o['holdout_split']} | measured: geometric mean (95% interval; seeds) | target | |")
+            f"{o['target']:.1%} on held-out split {o['holdout_split']}"
+            + (f", at most {o['max_steps']} steps an epoch (a try of the pipeline, not a figure)" if o["max_steps"] else "")
+            + " | measured: geometric mean (95% interval; seeds) | target | |")
     rows = [ratio_row(records, SOONER_THAN_ALONE, PI5_ALONE, BY_SPEED), ratio_row(records, SOONER_THAN_EQUAL, EQUAL, BY_SPEED),
             ratio_row(records, EQUAL_THAN_ALONE, PI5_ALONE, EQUAL), efficiency_row(records)]
     return "\n".join([head, "|---|---|---|---|", *rows, "", f"Seeds, one sitting each: {', '.join(map(str, seeds))}."])

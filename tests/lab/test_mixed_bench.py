@@ -59,6 +59,8 @@ def test_the_table_pools_each_sittings_ratios_against_the_targets():
     # 700/1000 against 600/750: 70% against 80%, -10 points every sitting: no spread, missed
     assert got[mb.EFFICIENCY] == ["70% against 80%: -10.0 points (-10.0 to -10.0; 3 seeds)", "at most 5 points below", "missed |"]
     assert table.splitlines()[-1] == "Seeds, one sitting each: 60, 61, 62."
+    short = mb.table([sitting(60, max_steps=40)]).splitlines()[0]
+    assert "held-out split 2, at most 40 steps an epoch (a try of the pipeline, not a figure) |" in short
 
 
 def test_a_sitting_whose_run_missed_the_target_counts_as_a_miss_and_the_target_as_missed():
