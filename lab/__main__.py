@@ -1,4 +1,4 @@
-"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|status|down: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|mixed-bench|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
-from . import slurm_burst
+from . import mixed_bench, slurm_burst
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, Emulation, calibrate, machine_cores, overcommit, parse_profile
@@ -117,6 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     burst.add_argument("id")
     burst.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node")
     burst.add_argument("--seed", type=int, default=1, help="draws who submits what, of how many nodes, and which job loses a node")
+    mixed = sub.add_parser("mixed-bench", help="a Pi 5 beside two Pi 4s, by equal batches and by speed, against the Pi 5 alone "
+                           "and three Pi 4s, LeNet to the target, one sitting and one JSON a seed (mixed_bench.py)")
+    mixed.add_argument("id")
+    mixed.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory")
+    mixed.add_argument("--seeds", default="60,61,62", help="one sitting each; each rotates the order of the configurations")
+    mixed.add_argument("--out", type=Path, required=True, help=f"where each seed's JSON goes (the kept ones: {mixed_bench.KEPT.relative_to(mixed_bench.ROOT)})")
+    mixed.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    defaults = mixed_bench.Options()
+    mixed.add_argument("--target", type=float, default=defaults.target, help="validation accuracy on the held-out split")
+    mixed.add_argument("--epochs", type=int, default=defaults.epochs, help="at most")
+    mixed.add_argument("--holdout-split", type=int, default=defaults.holdout_split)
+    mixed.add_argument("--max-steps", type=int, help="steps an epoch at most: a short try of the pipeline (its JSONs pool with no others)")
+    mixed.add_argument("--timing-steps", type=int, default=defaults.timing_steps, help="steps each node's rate alone is timed over")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -152,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "slurm-burst":
         load(args.id)
         return slurm_burst.run_on(args.id, args.inventory, args.seed)
+    elif args.cmd == "mixed-bench":
+        bed = load(args.id)
+        options = mixed_bench.Options(target=args.target, epochs=args.epochs, holdout_split=args.holdout_split, max_steps=args.max_steps,
+                                      timing_steps=args.timing_steps)
+        mixed_bench.bench(bed, args.inventory, [int(s) for s in args.seeds.split(",")], args.out, options, args.runs_dir,
+                          ["python", "-m", "lab", *(argv if argv is not None else sys.argv[1:])])
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)

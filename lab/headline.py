@@ -279,7 +279,7 @@ END = "<!-- end of {} -->"
 BLOCKS = ((README, "headline table", readme_table), (SCALING, "headline table", scaling_table))
 
 
-def _block(text: str, name: str) -> re.Match | None:
+def block(text: str, name: str) -> re.Match | None:
     return re.search(re.escape(BEGIN.format(name)) + r"\n(.*?)\n" + re.escape(END.format(name)), text, re.S)
 
 
@@ -319,7 +319,7 @@ def check(read: Callable[[Path], str] = Path.read_text) -> list[str]:
     when they agree."""
     problems = protocol()
     for path, name, make in BLOCKS:
-        found = _block(read(path), name)
+        found = block(read(path), name)
         want = make()
         if found is None:
             problems.append(f"{path.relative_to(ROOT)}: no {name} between its markers")
@@ -337,7 +337,7 @@ def check(read: Callable[[Path], str] = Path.read_text) -> list[str]:
 def write() -> None:
     for path, name, make in BLOCKS:
         text = path.read_text()
-        found = _block(text, name)
+        found = block(text, name)
         if found is None:
             raise SystemExit(f"{path}: no {name} markers ({BEGIN.format(name)} ... {END.format(name)})")
         path.write_text(text[:found.start(1)] + make() + text[found.end(1):])

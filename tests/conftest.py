@@ -47,7 +47,8 @@ TESTBED_FIXTURES = {"testbed", "engine"}
 
 
 def needs_the_machine_alone(item: pytest.Item) -> bool:
-    return "pi4" in item.fixturenames or item.get_closest_marker("bench") is not None
+    # "board": an emulated board's calibration (tests/cluster/conftest.py's pi4 and mixed use it).
+    return "board" in item.fixturenames or item.get_closest_marker("bench") is not None
 
 
 class Lanes:

@@ -9,14 +9,21 @@ batch statistics) - which it would not without the loss weight."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from lab import mixed_bench
+from lab.__main__ import main as lab_main
 from tests.conftest import ROOT, edgetrain
+
+from .conftest import BRACKET
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -66,5 +73,29 @@ def test_batch_by_speed_trains_on_a_pi5_beside_two_pi4s(cluster, inventory, repo
         weighted, unweighted = float(found[2]), float(found[3])
         assert weighted < 1e-5, found[0]  # the union's update, step for step, to float tolerance
         assert unweighted > 1e-3, found[0]  # the loss weight is what makes it so
-    report[f"--batch-by speed on pi5 + 2 x pi4 (pessimistic bracket), {program}"] = f"{took:.0f} s (smoke figure: start to end, one run)"
+    report[f"--batch-by speed on pi5 + 2 x pi4 ({BRACKET} bracket), {program}"] = f"{took:.0f} s (smoke figure: start to end, one run)"
     assert cluster.leftovers() == {}
+
+
+@pytest.mark.bench
+def test_the_mixed_cluster_benchmark(cluster, report):
+    """`python -m lab mixed-bench` on this cluster in one command (lab/mixed_bench.py): one sitting a
+    seed, the Pi 5 alone, with two Pi 4s by equal batches and by speed, and three Pi 4s, LeNet to
+    99.0% on the held-out split; each seed's JSON in EDGETRAIN_MIXED_OUT (default docs/benches/mixed):
+    sudo EDGETRAIN_MIXED_SEEDS=60,61,62 .venv/bin/python -m pytest -m bench tests/cluster/test_mixed.py -s
+    (EDGETRAIN_MIXED_ARGS: the command's other options, e.g. --max-steps 40 --target 0.9 for a short try)."""
+    seeds = os.environ.get("EDGETRAIN_MIXED_SEEDS", "60,61,62")
+    out = Path(os.environ.get("EDGETRAIN_MIXED_OUT", mixed_bench.KEPT))
+    inventory = cluster.docker_inventory("mixed-bench.yml", head_slots=1)
+    argv = ["mixed-bench", cluster.bed.state.id, "-i", inventory, "--seeds", seeds, "--out", str(out), "--runs-dir", str(cluster.runs),
+            *shlex.split(os.environ.get("EDGETRAIN_MIXED_ARGS", ""))]
+    before = set(out.glob("*.json"))
+    assert lab_main(argv) == 0
+    written = sorted(set(out.glob("*.json")) - before)
+    assert len(written) == len(seeds.split(",")), written
+    for path in written:
+        record = json.loads(path.read_text())
+        assert record["order"] == [s.name for s in mixed_bench.schedule(record["seed"])], record["order"]
+        assert all(r["status"] == "completed" for r in record["runs"]), record["runs"]
+        report[f"mixed-cluster bench, seed {record['seed']}"] = path.name
+    report["mixed-cluster table"] = "\n" + mixed_bench.table(mixed_bench.kept(out))

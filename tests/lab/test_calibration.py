@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from lab.emulation import MAX_STEPS, MEASUREMENTS, CalibrationError, Emulation, fair_share, overcommit, parse_profile, search_quota
+from lab.emulation import (CACHE_SECONDS, MAX_STEPS, MEASUREMENTS, CalibrationError, Emulation, fair_share, first_guess, overcommit,
+                           parse_profile, search_quota)
 
 CORES = 2
 
@@ -65,6 +66,27 @@ def test_noise_too_large_to_calibrate_is_named():
 def test_a_machine_slower_than_the_target_unthrottled_is_named():
     with pytest.raises(CalibrationError, match="200 img/s unthrottled, below the target 250"):
         search_quota(lambda q, p: [0.0], 250, 200, CORES, 10_000, log=lambda _: None)
+
+
+def test_a_second_board_starts_from_the_nearest_rate_calibrated_here_and_lands_in_fewer_steps():
+    # The machine of 2026-12-05: 250 img/s at 1632 us and 500 at 3198 us a 10 ms period, close to proportional.
+    made = 1_000_000.0
+    cache = {"250": {"quota_us": 1632, "period_us": 10_000, "made": made - 600},
+             "150": {"quota_us": 1100, "period_us": 10_000, "made": made - 60},
+             "400": {"quota_us": 2600, "period_us": 10_000, "made": made - CACHE_SECONDS - 1}}  # stale: not a guide
+    cores, said = first_guess(cache, 500, made)
+    assert cores == 0.1632 * 2 and said == "250 img/s at 1632 us"
+    assert first_guess({"500": cache["250"]}, 500, made) is None  # its own rate is the cache hit's, not a guess
+    assert first_guess({"250": cache["400"]}, 500, made) is None
+    # That machine near proportional up to a third of a core (about 1,530 img/s a core), but 1,225
+    # img/s unthrottled on both cores: the unthrottled rate's proportional first step asked 0.82 cores.
+    steps = []
+    for guess in (None, cores):
+        m = Machine(scale=250 / 0.1632, power=1.0, noise=0.01)
+        found, tol = search_quota(m.measure, 500, 1_225, CORES, 10_000, log=lambda _: None, guess=guess)
+        assert abs(m.true_rate(found.quota_us, found.period_us) - 500) <= (tol + 0.02) * 500
+        steps.append(m.steps)
+    assert steps == [2, 1], steps
 
 
 class Shared(Machine):
