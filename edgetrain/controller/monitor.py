@@ -186,9 +186,8 @@ class State:
     unreachable: frozenset[str] = frozenset()  # the nodes the latest looks found out of reach
     looks: int = 0
     look_failures: frozenset[str] = frozenset()  # what went wrong with looks, each said once
-    # --rejoin: the epoch rank 0 trains (its step events), the first this attempt trained, and the
-    # epoch at whose start the left-out nodes were last looked for.
-    epoch: int = 0
+    # --rejoin: the first epoch this attempt trained (rank 0's step events), and the epoch at whose
+    # start the left-out nodes were last looked for.
     first_epoch: int | None = None
     looked_at: int = 0
     record_failed: bool = False  # this machine could not record the program's start
@@ -322,7 +321,7 @@ def _stepped(now: _Step, epoch: int) -> None:
     """Once an epoch begins after one this attempt trained (and checkpointed), the left-out
     nodes are looked for (--rejoin): one that answers is taken back at that checkpoint."""
     first = epoch if now.state.first_epoch is None else now.state.first_epoch
-    now.set(epoch=epoch, first_epoch=first)
+    now.set(first_epoch=first)
     look_for = now.state.facts.look_for
     if look_for and epoch > max(now.state.looked_at, first):
         now.set(looked_at=epoch)
