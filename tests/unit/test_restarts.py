@@ -148,3 +148,17 @@ def test_no_look_begins_after_the_one_whose_verdict_ends_the_attempt():
     assert watched.state.lost.host is head and len(stopped) == 1
     assert len(looks) == 1, looks  # none after the verdict's
     assert ended - settled < 0.3, ended - settled  # no look under way to wait for
+
+
+def test_what_the_watcher_saw_last_tells_the_cleanup_which_nodes_are_out_of_reach_and_judges_nothing():
+    """A look posted as the attempt ended (mpirun exited 0, or Ctrl-C) is not judged - the attempt
+    is over - but the cleanup that follows does not wait on a node it found out of reach."""
+    told, stopped = [], []
+    runtime = SimpleNamespace(has_nodes=True, out_of_reach=told.append, stop=lambda: stopped.append(True))
+    events, fake, _ = _driven(runtime=runtime)
+    idle = SimpleNamespace(interval=2.0, end=lambda: None, join=lambda timeout: None)
+    watched = launch.Watched(fake, observers.Observers(events, SimpleNamespace(join=lambda timeout: None), idle),
+                             lambda event: None, lambda line: None)
+    events.put(observers.Looked((NodeState(HOSTS[2], False, DARK, out_of_reach=True),), time.monotonic()))
+    watched.close()
+    assert told == [frozenset({"node3"})] and stopped == [] and watched.state.verdict is None
