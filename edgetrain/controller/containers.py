@@ -186,6 +186,7 @@ class NodeState:
     host: Host
     alive: bool
     detail: str  # why not, when not alive; when alive, a close call worth saying (a slow link)
+    out_of_reach: bool = False  # no way to it (ssh's own failure): cleanup does not wait on it
 
 
 class Containers:
@@ -201,9 +202,10 @@ class Containers:
         # emulated Pi a tenth of its CPU (docs/scaling-history.md).
         self.pids: dict[str, int] = {}
         self.login: dict[str, str] = {}  # uid:gid of each node's login user, whom its ranks run as (RUN_AS)
-        # Nodes whose last check found no way to them (ssh's own failure): cleanup does not wait on
-        # them, their containers end themselves when the lease runs out.
-        self.unreachable: set[str] = set()
+        # Nodes whose last look found them out of reach (NodeState.out_of_reach), as the attempt's
+        # monitor told it: cleanup does not wait on them, their containers end themselves when the
+        # lease runs out.
+        self.unreachable: frozenset[str] = frozenset()
         self.lost: set[str] = set()  # nodes the run goes on without: no longer watched
         self._renewing = threading.Event()
 
@@ -302,7 +304,6 @@ class Containers:
                     # notice for a while; an answer late is the cue for the second opinion.
                     alive = self.nodes.run(host, ["test", "-d", f"/proc/{pid}"], timeout=SSH_TIMEOUT)
                     if alive.returncode == 0:
-                        self.unreachable.discard(host.name)
                         return NodeState(host, True, "")
                     if alive.returncode == UNREACHABLE and not host.is_local:
                         return self._unreachable(host, (alive.stderr.strip().splitlines() or ["no answer"])[-1])
@@ -314,9 +315,7 @@ class Containers:
                 err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
                 if proc.returncode == UNREACHABLE and not host.is_local:
                     return self._unreachable(host, err)
-                self.unreachable.discard(host.name)
                 return NodeState(host, False, f"container gone ({err})")
-            self.unreachable.discard(host.name)
             running, code, oom = proc.stdout.split()
             if running == "true":
                 return NodeState(host, True, "")
@@ -330,8 +329,7 @@ class Containers:
         reach - two observations, a lost node within observers.DARK_LINK_NOTICED_S instead of two checks' 40."""
         if self.nodes.answers(host):
             return NodeState(host, True, f"its shared connection failed ({err}) but a new one answered")
-        self.unreachable.add(host.name)
-        return NodeState(host, False, f"unreachable: {err}")
+        return NodeState(host, False, f"unreachable: {err}", out_of_reach=True)
 
     def remove(self) -> list[str]:
         """Remove the run's container on every node it may be on; the nodes where that failed

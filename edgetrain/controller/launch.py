@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import os
 import posixpath
+import queue
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgetrain import __version__
-from edgetrain.controller import allocation, blame, inventory, monitor, placement, requirements, runtimes
+from edgetrain.controller import allocation, blame, inventory, monitor, observers, placement, remote, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
+from edgetrain.controller.recorder import Recorder
 from edgetrain.shared.runs import Status
 
 
@@ -42,6 +45,7 @@ class Launch:
     resumed_epoch: int | None
     lock: runs.RunLock
     events_token: str  # marks this attempt's own events on mpirun's stream (edgetrain.shared.progress)
+    recorder: Recorder  # the attempt's one writer of run.json
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -221,6 +225,7 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
         else:
             run = created = runs.create(root, program.name, config.run_id)
             lock = run.lock()
+        recorder = Recorder(run, run.record() if attempt.resume else None)
         rt.stage(run, manifest)
         runs.write_anew(run.machinefile, plan.machinefile().encode())
         token = progress.new_token()
@@ -228,10 +233,10 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
         try:
             rt.start(run)
         except EdgetrainError as exc:
-            run.update(job=program.name, status=Status.FAILED, error=str(exc))
+            recorder.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
         argv = rt.mpirun(run, worker, config.expendable, token)
-        launch = Launch(config, attempt, plan, rt, run, argv, manifest, resumed_epoch, lock, token, started)
+        launch = Launch(config, attempt, plan, rt, run, argv, manifest, resumed_epoch, lock, token, recorder, started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
@@ -264,12 +269,12 @@ def _undo(config: LaunchConfig, rt: runtimes.Runtime, created: runs.Run | None, 
 
 
 def _record(launch: Launch, inv: inventory.Inventory) -> None:
-    config, now, run, rt, program = launch.config, launch.attempt, launch.run, launch.runtime, launch.config.program
+    config, now, rt, program = launch.config, launch.attempt, launch.runtime, launch.config.program
     attempt = record.Attempt(started=record.now(), command=list(config.command), np=now.np, mpirun=launch.argv,
                              resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped],
                              excluded=dict(now.excluded))
-    previous = run.record().attempts if now.resume else []
-    recorded = rt.record(run)
+    previous = launch.recorder.held.attempts if launch.recorder.held is not None else []
+    recorded = rt.record(launch.run)
     where = record.Where(np=now.np, runtime=rt.name, strategy=config.strategy.name, inventory=str(inv.source),
                          hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,
                          nodes=recorded.get("nodes"), speeds=list(launch.placement.speeds) if launch.placement.speeds else None,
@@ -279,7 +284,7 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
         shipped.script, shipped.workdir = program.script, str(program.workdir)
     if program.requirements is not None:
         shipped.requirements = requirements.read(program.requirements)
-    run.update(
+    launch.recorder.update(
         job=program.name,
         kind=record.ProgramKind.SCRIPT if program.is_script else record.ProgramKind.JOB,
         program=shipped,
@@ -311,38 +316,124 @@ def execute(launch: Launch, on_event: Callable[[dict[str, Any]], None], on_outpu
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one libc call (prctl), loaded before the fork
     launch.runtime.attach(proc)
-    watched = monitor.Monitor(launch, on_event, on_output)
-    observers = monitor.Observers.start(launch, proc)
+    watched = Watched(launch, observers.Observers.start(launch.runtime, launch.run.id, launch.events_token, proc), on_event, on_output)
     state, code = Status.FAILED, 1
     try:
-        watched.follow(observers)
+        watched.follow()
         code = proc.wait()
-        watched.settle(code, observers)
-        state = watched.status(code)
+        watched.settle(code)
+        state = monitor.status(watched.state, code)
     except KeyboardInterrupt:
         state, code = Status.INTERRUPTED, 130
         _interrupt(launch.runtime, proc, grace)
     finally:
         # run.json met a full disk while the ranks trained: the first the run heard of it, and what ended it.
-        recording_ended_it = watched.record_error is not None
-        cleanup = _finish(launch, proc, observers, watched, state)
-    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, watched.last, cleanup_errors=cleanup,
-                      lost=watched.lost, back=watched.back)
+        recording_ended_it = watched.state.record_failed
+        cleanup = _finish(launch, proc, watched, state)
+    seen, unrecorded = watched.state, launch.recorder.error
+    outcome = Outcome(launch.run, code if state != Status.FAILED or code != 0 else 1, state, dict(seen.said.last), cleanup_errors=cleanup,
+                      lost=seen.lost, back=seen.back)
     if state == Status.FAILED:
-        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, watched.output, watched.verdict, watched.reported,
+        outcome.finding = blame.find(blame.Observed(launch.run, launch.placement, watched.output, seen.verdict, seen.said.reported,
                                                     lambda line: launch.config.log(f"edgetrain: warning: {line}")))
-    if watched.record_error is not None:
-        if recording_ended_it and failures.DISK_FULL in watched.record_error.problem:
+    if unrecorded is not None:
+        if recording_ended_it and failures.DISK_FULL in unrecorded.problem:
             raise full_disk(launch, None)
         # A rank that met a full disk first is reported as such whether or not run.json fitted after it.
         if outcome.finding is None or outcome.finding.disk_full_writing is None:
-            raise _unrecorded(launch, outcome, watched.record_error)
+            raise _unrecorded(launch, outcome, unrecorded)
     return outcome
+
+
+OUTPUT_LINES = 5000  # of mpirun's output kept in memory (a run may print without end)
+POLL = 0.5  # seconds between checks for Ctrl-C while the queue is empty
+
+
+class Watched:
+    """One attempt's monitor carried out, on the launching thread: each event its observers post,
+    and each reading of the clock, stepped through the reducer (edgetrain.controller.monitor) in
+    order, and each action it returns done here - the runtime stopped or told which nodes are out
+    of reach, a node lost, the watcher asked, the program's start recorded, a line said."""
+
+    def __init__(self, launch: Launch, seeing: observers.Observers, on_event: Callable[[dict[str, Any]], None],
+                 on_output: Callable[[str], None]) -> None:
+        self.launch, self.seeing, self.on_event, self.on_output = launch, seeing, on_event, on_output
+        self.state = monitor.State(_facts(launch, seeing.watcher.interval), last_output=time.monotonic())
+        # mpirun's last lines that were not events: what a failure is judged by (Hydra's words come last).
+        self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
+
+    def follow(self) -> None:
+        """Every event until mpirun's stream ends."""
+        while self.state.said.open:
+            self._next(POLL)
+
+    def settle(self, code: int) -> None:
+        """mpirun ended with ``code``: a failed end awaits the watcher's verdict (monitor.State.awaiting)."""
+        self.post(monitor.Exited(code, time.monotonic()))
+        while self.seeing.watcher.is_alive() and self.state.awaiting(now := time.monotonic()):
+            assert self.state.settle is not None
+            self._next(min(self.state.settle[1] - now, POLL))
+
+    def close(self) -> None:
+        """After any end: the observers stopped, and what they posted last followed for the nodes' reach only."""
+        self.seeing.stop()
+        self.post(monitor.Closed())
+        for event in self.seeing.posted():
+            self.post(event)
+
+    def _next(self, timeout: float) -> None:
+        try:
+            self.post(self.seeing.events.get(timeout=timeout))
+        except queue.Empty:
+            pass
+        self.post(monitor.Clock(time.monotonic()))
+
+    def post(self, event: monitor.Event) -> None:
+        self.state, actions = monitor.step(self.state, event)
+        for action in actions:
+            self._do(action)
+
+    def _do(self, action: monitor.Action) -> None:
+        launch, watcher = self.launch, self.seeing.watcher
+        if isinstance(action, monitor.Show):
+            if action.stream:
+                self.output.append(action.text)
+            self.on_output(action.text)
+        elif isinstance(action, monitor.Progress):
+            self.on_event(action.event)
+        elif isinstance(action, monitor.Say):
+            launch.config.log(action.line)
+        elif isinstance(action, monitor.Lose):
+            launch.runtime.lose(action.host)
+        elif isinstance(action, monitor.LookFor):
+            watcher.look_for(h for h in inventory.load(launch.config.inventory).hosts if h.name in action.names)
+        elif isinstance(action, monitor.Stop):
+            if action.end_watch:
+                watcher.end()
+            launch.runtime.stop()
+        elif isinstance(action, monitor.Hurry):
+            watcher.hurry()
+        elif isinstance(action, monitor.OutOfReach):
+            launch.runtime.out_of_reach(action.names)
+        elif isinstance(action, monitor.RecordStart):
+            try:
+                launch.recorder.program_started(action.versions, action.batches)
+            except EdgetrainError:
+                self.post(monitor.RecordFailed())
+
+
+def _facts(launch: Launch, look_every: float) -> monitor.Facts:
+    config, plan = launch.config, launch.placement
+    return monitor.Facts(hosts=tuple(plan.hosts), np=plan.np, ranks={h.name: tuple(plan.ranks_on(h)) for h in plan.hosts},
+                         losable=launch.losable, expendable=frozenset(r for r in range(plan.np) if config.expendable(r)),
+                         hang_timeout=config.hang_timeout, started=launch.started,
+                         look_for=tuple(launch.attempt.excluded) if config.restarts.rejoin else (), has_nodes=launch.runtime.has_nodes,
+                         settle_s=remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT + 2 * look_every)
 
 
 def _mark_running(launch: Launch) -> None:
     try:
-        launch.run.update(status=Status.RUNNING)
+        launch.recorder.update(status=Status.RUNNING)
     except EdgetrainError as exc:
         # This machine's disk is full before mpirun starts: nothing runs, what was started goes.
         launch.runtime.stop()
@@ -362,23 +453,18 @@ def _interrupt(rt: runtimes.Runtime, proc: subprocess.Popen[str], grace: float) 
         proc.wait()
 
 
-def _finish(launch: Launch, proc: subprocess.Popen[str], observers: monitor.Observers, watched: monitor.Monitor,
-            state: Status) -> list[str]:
+def _finish(launch: Launch, proc: subprocess.Popen[str], watched: Watched, state: Status) -> list[str]:
     """After any end: mpirun gone, the observers stopped, the runtime's cleanup, the end recorded
     and the lock released. Returns the problems the cleanup met."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    observers.stop()
+    watched.close()
     cleanup = launch.runtime.finish(launch.run)
     try:
-        attempts = launch.run.record().attempts
-        if attempts:
-            attempts[-1].first_step_s = round(watched.first_step, 1) if watched.first_step is not None else None
-            attempts[-1].went_on_without = dict(watched.went_on_without)
-        launch.run.update(status=state, ended=record.now(), returncode=proc.returncode, attempts=attempts)
-    except EdgetrainError as exc:
-        watched.record_error = watched.record_error or exc
+        launch.recorder.ended(state, proc.returncode, watched.state.said.first_step, watched.state.went_on_without)
+    except EdgetrainError:
+        pass  # the recorder keeps it, for execute to report
     finally:
         launch.lock.release()
     return cleanup

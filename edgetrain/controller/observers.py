@@ -4,12 +4,13 @@ judges them.
 
 The reader turns mpirun's stream into its text and rank 0's events; the watcher looks at the
 nodes every few seconds and, when the monitor asks, for left-out nodes that answer again. Neither
-keeps or changes anything the attempt is judged by.
+keeps, changes or writes anything the attempt is judged by.
 """
 
 from __future__ import annotations
 
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -178,3 +179,36 @@ class Watcher(threading.Thread):
                         return
                 except EdgetrainError:
                     continue  # not back yet
+
+
+@dataclass
+class Observers:
+    """The attempt's reader and watcher, and the queue they post on."""
+
+    events: queue.Queue[Event]
+    reader: Reader
+    watcher: Watcher
+
+    @classmethod
+    def start(cls, runtime: runtimes.Runtime, run_id: str, token: str | None, proc: subprocess.Popen[str]) -> Observers:
+        events: queue.Queue[Event] = queue.Queue()
+        assert proc.stdout is not None
+        found = cls(events, Reader(proc.stdout, token, events.put), Watcher(runtime, run_id, events.put))
+        found.reader.start()
+        found.watcher.start()
+        return found
+
+    def stop(self) -> None:
+        """After mpirun is gone: the watcher's look under way, and the rest of the stream, awaited."""
+        self.watcher.end()
+        self.watcher.join(timeout=remote.SSH_TIMEOUT + remote.CONFIRM_TIMEOUT)
+        self.reader.join(timeout=10)
+
+    def posted(self) -> list[Event]:
+        """What was posted and not yet taken: once both have stopped, the last of it."""
+        found = []
+        while True:
+            try:
+                found.append(self.events.get_nowait())
+            except queue.Empty:
+                return found

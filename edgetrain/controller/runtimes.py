@@ -162,6 +162,10 @@ class Runtime:
         """Each node's state while the run goes on; empty when there is nothing to watch."""
         return []
 
+    def out_of_reach(self, names: frozenset[str]) -> None:
+        """The nodes the latest looks found out of reach (the attempt's monitor says): its stop and
+        cleanup do not wait on them."""
+
     def stop(self) -> None:
         """End every rank at once (the watcher's way out, and a disk full before the start)."""
 
@@ -361,6 +365,10 @@ class DockerRuntime(Runtime):
 
     def states(self) -> list[NodeState]:  # (the attribute containers hides the module here)
         return self.containers.states() if self.containers is not None else []
+
+    def out_of_reach(self, names: frozenset[str]) -> None:
+        if self.containers is not None:
+            self.containers.unreachable = names
 
     def stop(self) -> None:
         if self.containers is not None:

@@ -1,6 +1,6 @@
 """What run.json holds: a run's record and its attempts, typed, with a schema version.
 
-The controller writes it (edgetrain.controller.launch) and reads it (resume, ``runs``, ``collect``);
+The controller writes it (edgetrain.controller.recorder) and reads it (resume, ``runs``, ``collect``);
 ``runs show --json`` prints it as it is. A record of an older schema is read with defaults for what
 it lacks; one of a newer schema than this edgetrain knows is refused, naming both versions.
 """
@@ -36,7 +36,7 @@ class Status(str, enum.Enum):
 
 
 _ENDED = frozenset({Status.COMPLETED, Status.FAILED, Status.INTERRUPTED})
-# Where a recorded status may go next (None: no run.json yet), checked by every write (runs.Run.update).
+# Where a recorded status may go next (None: no run.json yet), checked by every write (runs.Run.write).
 # A new attempt (a resume, even of a run whose command died while STARTING or RUNNING) starts again at
 # STARTING; a launch whose containers would not start is FAILED before its attempt is recorded.
 NEXT: dict[Status | None, frozenset[Status]] = {

@@ -114,12 +114,12 @@ class Run:
             raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
         return RunRecord.from_json(data, self.id)
 
-    def update(self, **changes: Any) -> RunRecord:
-        """Rewrite run.json with ``changes`` made to its record (a first record needs ``job`` and
-        ``status``), atomically and durably: a reader (or a crash, a power cut, or a full disk) sees the
-        old file or the new one, never a part. A write that fails (a full disk) is one EdgetrainError naming the file;
-        the old run.json is left as it was."""
-        before = self.record() if self.info_file.exists() else None
+    def write(self, before: RunRecord | None, **changes: Any) -> RunRecord:
+        """Rewrite run.json as ``before`` (the record it holds; None: none yet) with ``changes`` made
+        (a first record needs ``job`` and ``status``), atomically and durably: a reader (or a crash, a
+        power cut, or a full disk) sees the old file or the new one, never a part. A write that fails
+        (a full disk) is one EdgetrainError naming the file; the old run.json is left as it was. Its
+        one writer is an attempt's recorder (edgetrain.controller.recorder)."""
         if "status" in changes:
             changes["status"] = Status(changes["status"])
             was = before.status if before is not None else None

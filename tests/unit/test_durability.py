@@ -11,10 +11,10 @@ import sys
 from edgetrain.shared import checkpoints, runs
 
 
-def test_update_syncs_the_file_and_then_the_directory_holding_its_new_name(tmp_path):
+def test_a_write_syncs_the_file_and_then_the_directory_holding_its_new_name(tmp_path):
     run_dir = tmp_path / "r1"
     run_dir.mkdir()
-    code = f"from pathlib import Path; from edgetrain.shared import runs; runs.Run(Path({str(run_dir)!r})).update(job='lenet', status='failed')"
+    code = f"from pathlib import Path; from edgetrain.shared import runs; runs.Run(Path({str(run_dir)!r})).write(None, job='lenet', status='failed')"
     traced = subprocess.run(["strace", "-f", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", sys.executable, "-c", code],
                             capture_output=True, text=True, check=True)
     calls = [line for line in traced.stderr.splitlines() if "fsync(" in line or "rename" in line]

@@ -18,12 +18,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgetrain.controller import blame, monitor, observers, placement, runtimes
+from edgetrain.controller import blame, launch, observers, placement, runtimes
 from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.controller import remote
 from edgetrain.controller.remote import Nodes
 from edgetrain.shared import failures, runs
 from edgetrain.shared.errors import EdgetrainError
+
+from .test_restarts import _driven
 
 LOCAL = Host(name="localhost", address="localhost", arch="x86_64", slots=2, runtime="host", connection="local")
 
@@ -120,11 +122,13 @@ def _read(command: str) -> list:
 
 
 def test_mpiruns_output_is_kept_in_bounded_memory():
-    lines = monitor.OUTPUT_LINES * 3
-    watched = monitor.Monitor(SimpleNamespace(), lambda event: None, lambda line: None)
+    lines = launch.OUTPUT_LINES * 3
+    events, fake, _ = _driven()
+    watched = launch.Watched(fake, observers.Observers(events, SimpleNamespace(), SimpleNamespace(interval=2.0)),
+                             lambda event: None, lambda line: None)
     for event in _read(f"for i in range({lines}): print('line', i)"):
-        watched.handle(event)
-    assert len(watched.output) == monitor.OUTPUT_LINES and list(watched.output)[-1] == f"line {lines - 1}"
+        watched.post(event)
+    assert len(watched.output) == launch.OUTPUT_LINES and list(watched.output)[-1] == f"line {lines - 1}"
 
 
 def test_a_line_without_end_is_read_in_bounded_pieces():

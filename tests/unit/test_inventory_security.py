@@ -6,7 +6,7 @@ controller: no node is contacted."""
 from __future__ import annotations
 
 import shutil
-from types import SimpleNamespace
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -170,8 +170,8 @@ def test_a_run_whose_ranks_never_started_the_worker_is_not_completed(tmp_path):
 
 def test_a_rank_that_never_started_is_named(tmp_path):
     plan = placement.plan(inventory.load(local_inventory(tmp_path, edgetrain_slots=4)), 3, None, None)
-    watched = monitor.Monitor(SimpleNamespace(placement=plan), lambda event: None, lambda line: None)
-    watched.started = {0, 2}
-    assert watched.unstarted().startswith("mpirun exited with 0, but rank 1 never started edgetrain's worker")
-    watched.started.add(1)
-    assert watched.unstarted() is None
+    known = monitor.Facts(hosts=tuple(plan.hosts), np=plan.np, ranks={h.name: tuple(plan.ranks_on(h)) for h in plan.hosts}, losable={},
+                          expendable=frozenset(), hang_timeout=300.0, started=0.0)
+    watched = monitor.State(known, last_output=0.0, said=monitor.Said(started=frozenset({0, 2})))
+    assert monitor.unstarted(watched).startswith("mpirun exited with 0, but rank 1 never started edgetrain's worker")
+    assert monitor.unstarted(replace(watched, said=monitor.Said(started=frozenset({0, 1, 2})))) is None

@@ -27,9 +27,9 @@ UNVERSIONED = {
 def test_a_record_is_written_and_read_back_whole(tmp_path):
     run = runs.create(tmp_path, "lenet")
     attempt = Attempt(started=record.now(), command=["edgetrain", "run", "x.py"], np=3, mpirun=["mpirun"], resumed_from_epoch=2)
-    run.update(job="x", status=Status.STARTING, kind=ProgramKind.SCRIPT, attempts=[attempt],
-               placement=Where(np=3, runtime="docker", strategy="torch", inventory="inv", hosts=[{"host": "n1", "ranks": 3}]))
-    run.update(status=Status.FAILED, error="rank 1 on n1 failed")
+    held = run.write(None, job="x", status=Status.STARTING, kind=ProgramKind.SCRIPT, attempts=[attempt],
+                     placement=Where(np=3, runtime="docker", strategy="torch", inventory="inv", hosts=[{"host": "n1", "ranks": 3}]))
+    run.write(held, status=Status.FAILED, error="rank 1 on n1 failed")
     back = run.record()
     assert back == RunRecord(id=run.id, job="x", status=Status.FAILED, kind=ProgramKind.SCRIPT, attempts=[attempt],
                              placement=Where(np=3, runtime="docker", strategy="torch", inventory="inv", hosts=[{"host": "n1", "ranks": 3}]),
@@ -82,19 +82,19 @@ def test_a_status_goes_only_where_a_run_can_go(tmp_path):
     run = runs.create(tmp_path, "lenet")
     for bad in (Status.RUNNING, Status.COMPLETED, Status.INTERRUPTED):
         with pytest.raises(ValueError, match=f"status none cannot become {bad.value}"):
-            run.update(job="lenet", status=bad)
+            run.write(None, job="lenet", status=bad)
     assert not run.info_file.exists()  # a refused write leaves nothing
-    run.update(job="lenet", status=Status.STARTING)
+    held = run.write(None, job="lenet", status=Status.STARTING)
     with pytest.raises(ValueError, match="status starting cannot become completed"):
-        run.update(status=Status.COMPLETED)
-    run.update(status=Status.RUNNING)
-    run.update(status="completed")  # as a string too
+        run.write(held, status=Status.COMPLETED)
+    held = run.write(held, status=Status.RUNNING)
+    held = run.write(held, status="completed")  # as a string too
     for bad in (Status.RUNNING, Status.COMPLETED, Status.INTERRUPTED):
         with pytest.raises(ValueError, match=f"status completed cannot become {bad.value}"):
-            run.update(status=bad)
+            run.write(held, status=bad)
     assert run.record().status is Status.COMPLETED
-    run.update(status=Status.STARTING)  # a resume's new attempt
-    run.update(status=Status.RUNNING)
-    run.update(status=Status.STARTING)  # a resume of a run whose command died while it ran
-    run.update(status=Status.FAILED)  # its containers would not start
+    held = run.write(held, status=Status.STARTING)  # a resume's new attempt
+    held = run.write(held, status=Status.RUNNING)
+    held = run.write(held, status=Status.STARTING)  # a resume of a run whose command died while it ran
+    run.write(held, status=Status.FAILED)  # its containers would not start
     assert run.record().status is Status.FAILED

@@ -12,12 +12,13 @@ from types import SimpleNamespace
 from edgetrain.controller import config as configs
 from edgetrain.controller import launch, monitor, observers, placement, supervisor
 from edgetrain.controller import program as programs
+from edgetrain.controller.containers import NodeState
 from edgetrain.controller.inventory import Inventory
 from edgetrain.shared.job_options import JobOptions
 from edgetrain.shared.runs import Status
-from edgetrain.controller.strategies import STRATEGIES
 
 from .test_containers_unit import host
+from .test_monitor_reducer import DARK, facts, fed
 
 HOSTS = (host("node1", groups=("head", "rpi")), host("node2"), host("node3"))
 
@@ -62,59 +63,16 @@ def test_what_is_never_restarted():
     assert "fewer than --min-nodes 3" in supervisor.restart_after(*attempt(config(max_restarts=2, min_nodes=3), first, lost="node2")).said
 
 
-def test_a_tf_ps_run_goes_on_without_a_node_of_workers_and_not_without_its_parameter_server():
-    """The watcher's verdict on a lost node: tf-ps over node1 (the chief), node2 (the parameter
-    server) and node3 and node4 (workers). A node of workers lost is said once, no longer watched and
-    kept for the attempt's record, whichever saw it first (the watcher, or the lost-job event on
-    mpirun's stream); the parameter server's node lost ends the attempt."""
-    hosts = (*HOSTS, host("node4"))
-    plan = placement.plan(Inventory(Path("inv"), hosts), 4)
-    said, lost_hosts, stopped = [], [], []
-    dead: set[str] = set()
-    runtime = SimpleNamespace(states=lambda: [SimpleNamespace(host=h, alive=h.name not in dead, detail="container gone" if h.name in dead else "")
-                                              for h in hosts],
-                              lose=lost_hosts.append, stop=lambda: stopped.append(True))
-    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), strategy=STRATEGIES["tf-ps"], ps=1, log=said.append)
-    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, runtime=runtime)
-    fake.losable = launch.Launch.losable.fget(fake)
-    assert fake.losable == {"node3": "worker 0 (rank 2)", "node4": "worker 1 (rank 3)"}
-    watched = monitor.Monitor(fake, lambda event: None, lambda line: None)
-
-    def look() -> None:
-        watched.handle(observers.Looked(tuple(runtime.states()), time.monotonic()))
-
-    dead.add("node3")
-    look()
-    assert watched.watch is monitor.Watch.WATCHING and watched.verdict is None and stopped == []
-    watched.handle(observers.RankEvent({"event": "lost", "host": "node3", "ranks": [2], "why": "its job ended"}, time.monotonic()))
-    assert watched.went_on_without == {"node3": "container gone"} and [h.name for h in lost_hosts] == ["node3"]
-    assert said == ["edgetrain: node3: container gone; the run goes on without its worker 0 (rank 2)"]
-    dead.add("node2")
-    look()
-    assert watched.watch is monitor.Watch.FAILING and watched.lost.host.name == "node2" and stopped == [True]
-    # The first verdict stands: what is seen later changes nothing, and stops nothing again.
-    watched.handle(observers.Back(HOSTS[2]))
-    look()
-    assert watched.verdict.host.name == "node2" and watched.back is None and stopped == [True]
-    assert watched.status(0) is Status.FAILED
-    # Every worker lost: nothing to go on with, and the attempt ends at once rather than wait.
-    watched, stopped[:] = monitor.Monitor(fake, lambda event: None, lambda line: None), []
-    dead.discard("node2")
-    dead.add("node4")
-    look()
-    assert stopped == [True] and watched.verdict == (None, (
-        "every rank the run could go on without was lost (node3, node4), and it cannot go on with none"))
-    assert watched.lost is None
-
-
-def _watched(hang_timeout: float = 300.0):
-    """A monitor of a horovod run on HOSTS, its runtime's stops and the lines it said."""
-    said, stopped = [], []
+def _driven(hang_timeout: float = 300.0, runtime=None):
+    """The monitor of a horovod run on HOSTS as launch drives it, with an empty queue, and its runtime's stops."""
+    stopped: list[float] = []
     plan = placement.plan(Inventory(Path("inv"), HOSTS), 3)
-    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), np=3, hang_timeout=hang_timeout, log=said.append)
-    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, losable={},
-                           runtime=SimpleNamespace(stop=lambda: stopped.append(True)))
-    return monitor.Monitor(fake, lambda event: None, lambda line: None), stopped, said
+    runtime = runtime or SimpleNamespace(has_nodes=True, stop=lambda: stopped.append(time.monotonic()))
+    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), np=3, hang_timeout=hang_timeout, log=lambda line: None)
+    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, losable={}, runtime=runtime,
+                           started=time.monotonic())
+    events: queue.Queue = queue.Queue()
+    return events, fake, stopped
 
 
 def test_the_watcher_outlives_a_look_that_raises_anything_and_says_so_once():
@@ -139,20 +97,22 @@ def test_the_watcher_outlives_a_look_that_raises_anything_and_says_so_once():
         watcher.join(timeout=10)
     assert [e.failed for e in seen[:2]] == ["TimeoutExpired: Command '['sinfo']' timed out after 60 seconds"] * 2
     assert seen[3].failed is None and seen[3].states == ()
-    watched, stopped, said = _watched()
-    for e in seen:
-        watched.handle(e)
-    assert said == ["edgetrain: warning: a look at the nodes failed (TimeoutExpired: Command '['sinfo']' timed out after 60 seconds); "
-                    "watching goes on"]
-    assert watched.watch is monitor.Watch.WATCHING and stopped == []
+    state, done = fed(seen, monitor.State(facts(), last_output=time.monotonic()))
+    assert [a.line for a in done if isinstance(a, monitor.Say)] == [
+        "edgetrain: warning: a look at the nodes failed (TimeoutExpired: Command '['sinfo']' timed out after 60 seconds); watching goes on"]
+    assert state.watch is monitor.Watch.WATCHING and not any(isinstance(a, monitor.Stop) for a in done)
 
 
 def test_a_hang_is_judged_on_the_clock_without_any_look():
     """Item 4: the hang checks ran on the watcher's looks; with no watcher left, a hung job held its nodes forever."""
-    watched, stopped, _ = _watched(hang_timeout=0.05)
+    events, fake, stopped = _driven(hang_timeout=0.05)
+    watched = launch.Watched(fake, observers.Observers(events, SimpleNamespace(), SimpleNamespace(interval=2.0, end=lambda: None)),
+                             lambda event: None, lambda line: None)
     time.sleep(0.1)
-    watched._next(queue.Queue(), 0.01)  # nothing posted: no output, no look
-    assert watched.verdict == (None, "hang: no output from any rank for 0 s (--hang-timeout)") and stopped == [True]
+    watched._next(0.01)  # nothing posted: no output, no look
+    assert watched.state.verdict == (None, "hang: no output from any rank for 0 s (--hang-timeout)") and len(stopped) == 1
+
+
 def test_a_dark_link_is_noticed_within_half_a_minute_by_the_timeouts_that_decide_it():
     # The next look, its check through the shared connection, the new connection's second opinion:
     # wall-clock limits on processes, so a busy machine cannot stretch them (README: half a minute).
@@ -165,30 +125,40 @@ def test_no_look_begins_after_the_one_whose_verdict_ends_the_attempt():
     without a second look at the dark head (each waits on ssh again, and ending the attempt waits
     for the look under way: 45 s where the verdict took 27)."""
     head = HOSTS[0]
-    plan = placement.plan(Inventory(Path("inv"), HOSTS), 3)
-    looks, stopped = [], []
+    looks: list[float] = []
 
     def states():
         looks.append(time.monotonic())
         time.sleep(0.6)  # ssh's timeout, then the new connection's, scaled down
-        return [SimpleNamespace(host=h, alive=h is not head, detail="unreachable: Connection timed out" if h is head else "")
-                for h in plan.hosts]
+        return [NodeState(h, h is not head, DARK if h is head else "", out_of_reach=h is head) for h in HOSTS]
 
-    runtime = SimpleNamespace(states=states, has_nodes=True, stop=lambda: stopped.append(time.monotonic()))
-    cfg = configs.LaunchConfig(programs.resolve("lenet", [], JobOptions()), log=lambda line: None)
-    fake = SimpleNamespace(config=cfg, attempt=configs.Attempt.first(cfg), placement=plan, runtime=runtime, losable={})
-    watched = monitor.Monitor(fake, lambda event: None, lambda line: None)
-    events = queue.Queue()
+    runtime = SimpleNamespace(states=states, has_nodes=True, out_of_reach=lambda names: None)
+    events, fake, stopped = _driven(runtime=runtime)
+    runtime.stop = lambda: stopped.append(time.monotonic())
     watcher = observers.Watcher(runtime, "r1", events.put, interval=0.05)
-    watched.watcher = watcher
-    found = monitor.Observers(events, SimpleNamespace(join=lambda timeout: None), watcher)
+    found = observers.Observers(events, SimpleNamespace(join=lambda timeout: None), watcher)
+    watched = launch.Watched(fake, found, lambda event: None, lambda line: None)
     watcher.start()
     while not looks:  # a look under way when mpirun ends
         time.sleep(0.01)
-    watched.settle(255, found)
+    watched.settle(255)
     settled = time.monotonic()
     found.stop()
     ended = time.monotonic()
-    assert watched.lost.host is head and len(stopped) == 1
+    assert watched.state.lost.host is head and len(stopped) == 1
     assert len(looks) == 1, looks  # none after the verdict's
     assert ended - settled < 0.3, ended - settled  # no look under way to wait for
+
+
+def test_what_the_watcher_saw_last_tells_the_cleanup_which_nodes_are_out_of_reach_and_judges_nothing():
+    """A look posted as the attempt ended (mpirun exited 0, or Ctrl-C) is not judged - the attempt
+    is over - but the cleanup that follows does not wait on a node it found out of reach."""
+    told, stopped = [], []
+    runtime = SimpleNamespace(has_nodes=True, out_of_reach=told.append, stop=lambda: stopped.append(True))
+    events, fake, _ = _driven(runtime=runtime)
+    idle = SimpleNamespace(interval=2.0, end=lambda: None, join=lambda timeout: None)
+    watched = launch.Watched(fake, observers.Observers(events, SimpleNamespace(join=lambda timeout: None), idle),
+                             lambda event: None, lambda line: None)
+    events.put(observers.Looked((NodeState(HOSTS[2], False, DARK, out_of_reach=True),), time.monotonic()))
+    watched.close()
+    assert told == [frozenset({"node3"})] and stopped == [] and watched.state.verdict is None

@@ -222,7 +222,7 @@ def test_a_run_json_tmp_that_is_a_link_is_replaced_not_written_through(root, tmp
     run = runs.Run(root / BAD)
     (run.path / "run.json.tmp").symlink_to(target)
     before = time.time()
-    run.update(status="failed", error="test")
+    run.write(run.record(), status="failed", error="test")
     assert target.read_text() == "keep me\n"
     assert run.record().status == "failed" and not os.path.lexists(run.path / "run.json.tmp")
     assert run.info_file.stat().st_mtime >= before - 1 and not run.info_file.is_symlink()

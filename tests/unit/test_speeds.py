@@ -36,8 +36,8 @@ def bench(trials: list[dict], path: Path | None = None) -> BenchRecord:
 
 def one_node_run(root, host_name: str) -> str:
     run = runs.create(root, "lenet")
-    run.update(job="lenet", status=record.Status.STARTING,
-               placement=record.Where(1, "docker", "horovod", "inv", [{"host": host_name, "ranks": 1}]))
+    run.write(None, job="lenet", status=record.Status.STARTING,
+              placement=record.Where(1, "docker", "horovod", "inv", [{"host": host_name, "ranks": 1}]))
     return run.id
 
 
