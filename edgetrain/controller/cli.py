@@ -452,7 +452,8 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
         resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
         left_out = "".join(f"; {node} left out ({why})" for node, why in a.excluded.items())
         lost = "".join(f"; went on without {node} ({why})" for node, why in a.went_on_without.items())
-        _say(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}")
+        ended = f"; ended: {a.ended_by}" if a.ended_by else ""
+        _say(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}{ended}")
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]

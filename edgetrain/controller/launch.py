@@ -60,6 +60,10 @@ class Launch:
         return _with_resume(list(self.config.command), self.run.id)
 
 
+# How an attempt ended whose edgetrain died before it could say (killed, or its machine went down).
+ABANDONED = "abandoned: its edgetrain ended without recording how (killed, or its machine went down)"
+
+
 @dataclass
 class Outcome:
     run: runs.Run
@@ -268,7 +272,11 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     attempt = record.Attempt(started=record.now(), command=list(config.command), np=now.np, mpirun=launch.argv,
                              resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped],
                              excluded=dict(now.excluded))
-    previous = run.record().attempts if now.resume else []
+    before = run.record() if now.resume else None
+    previous = before.attempts if before is not None else []
+    if before is not None and previous and previous[-1].ended_by is None and before.status in (Status.STARTING, Status.RUNNING):
+        # The lock is ours now, so the run was refused to no live command: the one before died unrecorded.
+        previous[-1].ended_by = ABANDONED
     recorded = rt.record(run)
     where = record.Where(np=now.np, runtime=rt.name, strategy=config.strategy.name, inventory=str(inv.source),
                          hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,
@@ -290,6 +298,18 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
         attempts=[*previous, attempt],
         status=Status.STARTING,
     )
+
+
+def record_end(launch: Launch, ended_by: str) -> None:
+    """Note what ended the attempt on its record; where run.json cannot be written (a full disk)
+    it keeps its last whole version, and the error that ends the run says so."""
+    try:
+        attempts = launch.run.record().attempts
+        if attempts:
+            attempts[-1].ended_by = ended_by
+            launch.run.update(attempts=attempts)
+    except EdgetrainError:
+        pass
 
 
 def _die_with_parent() -> None:

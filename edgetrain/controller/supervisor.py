@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from edgetrain.controller import inventory
 from edgetrain.controller.config import Attempt, LaunchConfig
-from edgetrain.controller.launch import Launch, Outcome, prepare
+from edgetrain.controller.launch import Launch, Outcome, prepare, record_end
 from edgetrain.shared.runs import Status
 
 
@@ -35,11 +35,23 @@ def supervise(config: LaunchConfig, attempt: Callable[[Launch], Outcome], say: C
         started = prepare(config, plan)
         outcome = attempt(started)
         restart = restart_after(started, outcome)
+        record_end(started, ended_by(outcome))
         if restart is not None:
             say(restart.said)
         if restart is None or restart.attempt is None:
             return started, outcome
         plan = restart.attempt
+
+
+def ended_by(outcome: Outcome) -> str:
+    """What ended an attempt, in a phrase for its record (``runs show`` lists it)."""
+    if outcome.state is Status.COMPLETED:
+        return "completed"
+    if outcome.back is not None:
+        return f"ended to take back {outcome.back.name}, which answered again"
+    if outcome.lost is not None and outcome.lost.host is not None:
+        return f"{outcome.lost.host.name} lost ({outcome.lost.why})"
+    return outcome.why
 
 
 def _taken_back(launch: Launch, host: inventory.Host) -> Attempt:
