@@ -1,4 +1,4 @@
-"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|status|down: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|storm|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from . import slurm_burst
+from . import slurm_burst, storm
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, Emulation, calibrate, machine_cores, overcommit, parse_profile
@@ -117,6 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     burst.add_argument("id")
     burst.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node")
     burst.add_argument("--seed", type=int, default=1, help="draws who submits what, of how many nodes, and which job loses a node")
+    gale = sub.add_parser("storm", help="one long run on a provisioned testbed through a seeded schedule of faults; "
+                          "checks that nothing was lost and reports what each fault cost (storm.py)")
+    gale.add_argument("id")
+    gale.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node, a short lease")
+    gale.add_argument("--seed", type=int, default=1, help="draws the faults, their nodes and moments; the run's seed too")
+    gale.add_argument("--minutes", type=float, default=30.0, help="about how long the run trains undisturbed")
+    gale.add_argument("--faults", type=int, default=10)
+    gale.add_argument("--max-steps", type=int, default=100, help="the run's steps an epoch")
+    gale.add_argument("--compare", action="store_true", help="then the same seed's run undisturbed: held-out accuracy within 0.5 points")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -152,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "slurm-burst":
         load(args.id)
         return slurm_burst.run_on(args.id, args.inventory, args.seed)
+    elif args.cmd == "storm":
+        load(args.id)
+        return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare)
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
