@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgetrain import __version__
-from edgetrain.controller import allocation, blame, inventory, monitor, placement, requirements, runtimes
+from edgetrain.controller import allocation, blame, containers, inventory, monitor, placement, remote, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
@@ -207,7 +207,10 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
                 if program.workdir is not None else None)
     if attempt.resume:
         # Before the node checks, which would take the live run's own containers for leftovers.
-        runs.find(runs.ensure_writable(config.runs_dir), attempt.resume).refuse_if_live()
+        resumed = runs.find(runs.ensure_writable(config.runs_dir), attempt.resume)
+        resumed.refuse_if_live()
+        if resumed.status() is Status.ABANDONED:
+            _remove_abandoned(config, inv, resumed)
     rt = _runtime(config, inv, plan)
     created: runs.Run | None = None
     lock: runs.RunLock | None = None
@@ -241,6 +244,18 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
     except BaseException as exc:
         _undo(config, rt, created, lock, exc)
         raise
+
+
+def _remove_abandoned(config: LaunchConfig, inv: inventory.Inventory, run: runs.Run) -> None:
+    """A run whose edgetrain died left its containers running until their leases run out; nothing
+    holds the run, so they are its dead attempt's, and they go before the node checks see them."""
+    docker = [h for h in inv.hosts if h.runtime == "docker"]
+    if not docker:
+        return
+    with remote.Nodes() as nodes:
+        gone = containers.remove_run(nodes, docker, run.id)
+    if gone:
+        config.log(f"edgetrain: removed run {run.id}'s containers left running by its edgetrain, which died: on {', '.join(gone)}")
 
 
 def _worker_command(config: LaunchConfig, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
