@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     gale.add_argument("id")
     gale.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node, a short lease")
     gale.add_argument("--seed", type=int, default=1, help="draws the faults, their nodes and moments; the run's seed too")
-    gale.add_argument("--minutes", type=float, default=30.0, help="about how long the run trains undisturbed")
+    gale.add_argument("--minutes", type=float, default=30.0, help="about how long the storm lasts (its run trains 60%% of it undisturbed)")
     gale.add_argument("--faults", type=int, default=10)
     gale.add_argument("--max-steps", type=int, default=100, help="the run's steps an epoch")
     gale.add_argument("--compare", action="store_true", help="then the same seed's run undisturbed: held-out accuracy within 0.5 points")

@@ -50,6 +50,7 @@ RESUME = re.compile(r"(?:resume with|continue it with): (edgetrain .*--resume \S
 QUARTER_S = 60.0  # how long a node's CPU stays cut to a quarter
 NOTICE_S = 180.0  # a fault that ends the run or an attempt must be noticed within this
 BACK_S = 420.0  # and training must be back within this after it
+TRAINING = 0.6  # of a storm's minutes, what its run trains undisturbed; the faults' recoveries take the rest
 
 
 class Kind(enum.Enum):
@@ -72,14 +73,14 @@ class Planned:
 
 def draw(seed: int, faults: int, minutes: float, head: str, workers: list[str]) -> list[Planned]:
     """``faults`` faults, every kind once before any twice (in an order drawn from the seed), each
-    after a random stretch of training; the stretches share 40% of ``minutes`` (the run trains
-    about ``minutes`` undisturbed, so the last fault comes well before its end, its recoveries
-    included)."""
+    after a random stretch of training: the stretches share 35% of the storm's ``minutes``, of
+    which the run trains 60% (``TRAINING``), so the last fault comes well before its end, the
+    recoveries' training included."""
     rng = random.Random(seed)
     kinds: list[Kind] = []
     while len(kinds) < faults:
         kinds += rng.sample(list(Kind), len(Kind))
-    gap = minutes * 60 * 0.4 / (faults + 1)
+    gap = minutes * 60 * 0.35 / (faults + 1)
     planned = []
     for kind in kinds[:faults]:
         node = head if kind is Kind.DISK else rng.choice(workers) if kind in (Kind.CONTAINER, Kind.LINK) else \
@@ -473,16 +474,15 @@ def paced(bed: Testbed, inventory: str, env: dict[str, str], recipe: tuple[str, 
 
 def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, node_runs: str, seed: int, minutes: float,
           faults: int, max_steps: int | None, compare: bool = False, log: Callable[[str], None] = print) -> Outcome:
-    """The seed's storm over one run of about ``minutes`` of training: its checks, and the lines
-    that report it."""
+    """The seed's storm of about ``minutes`` over one run: its checks, and the lines that report it."""
     nodes = [n.name for n in bed.state.nodes]
     plan = draw(seed, faults, minutes, nodes[0], nodes[1:])
     links = sum(p.kind is Kind.LINK for p in plan)
     recipe: tuple[str, ...] = ("--np", str(len(nodes)), *(("--max-steps", str(max_steps)) if max_steps else ()), "--seed", str(seed),
                                "--holdout", "6000")
     epoch_s = paced(bed, inventory, env, recipe)
-    recipe += ("--epochs", str(max(4, round(minutes * 60 / epoch_s))))
-    log(f"an epoch takes {epoch_s:.1f} s: {recipe[-1]} epochs for about {minutes:g} min of training")
+    recipe += ("--epochs", str(max(4, round(TRAINING * minutes * 60 / epoch_s))))
+    log(f"an epoch takes {epoch_s:.1f} s: {recipe[-1]} epochs, about {TRAINING * minutes:g} min of training undisturbed")
     st = Storm(bed, inventory, env, node_runs, (*recipe, "--max-restarts", str(links + 1), "--rejoin"), log=log)
     log(f"storm seed {seed}: " + "; ".join(f"{p.kind.value} on {p.node} after {p.after_s:.0f} s" for p in plan))
     before = {n.name: n.cgroup.pids() for n in bed.state.nodes}

@@ -20,7 +20,7 @@ SEED = 11
 def test_a_seeded_storm_of_two_faults_loses_nothing(cluster, report):
     c = fault_cluster(cluster)
     said: list[str] = []
-    outcome = storm.storm(c.bed, c.inventory, c.env, c.runs, f"{c.home}/runs", seed=SEED, minutes=1.5, faults=2, max_steps=STEPS,
+    outcome = storm.storm(c.bed, c.inventory, c.env, c.runs, f"{c.home}/runs", seed=SEED, minutes=3, faults=2, max_steps=STEPS,
                           log=said.append)
     assert not outcome.problems, "\n".join(outcome.problems + said)
     assert [f.planned.kind for f in outcome.injected] == [storm.Kind.DISK, storm.Kind.CONTROLLER], said

@@ -15,7 +15,7 @@ def test_the_draw_is_the_seeds_and_gives_every_kind_once_before_any_twice():
     for p in plan:
         assert p.node == "node1" if p.kind in (Kind.DISK, Kind.CONTROLLER) else True
         assert p.node in ("node2", "node3") if p.kind in (Kind.CONTAINER, Kind.LINK) else True
-    gap = 30 * 60 * 0.4 / 11
+    gap = 30 * 60 * 0.35 / 11
     assert all(0.5 * gap <= p.after_s <= 1.5 * gap and 5 <= p.hold_s <= 30 for p in plan)
 
 
