@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgetrain.controller import containers, preflight
+from edgetrain.controller import containers, preflight, remote
 from edgetrain.shared import runs
 
 from .console import TimedOutput
@@ -425,9 +425,11 @@ def lost_and_left(storm: Storm, before: dict[str, set[int]], namespaces: str) ->
         time.sleep(2)
     problems = [f"left: {x}" for x in left]
     problems += [f"left: edgetrain pid {p.pid} still running" for p in storm.procs if p.poll() is None]
-    for n in storm.bed.state.nodes:
-        new = {pid for pid in n.cgroup.pids() - before[n.name] if _alive_after(pid)}
-        problems += [f"left: {n.name}: process {pid} {_comm(pid)}" for pid in sorted(new)]
+    # A killed controller's ssh connections end remote.CONTROL_PERSIST seconds after their last use.
+    deadline = time.monotonic() + remote.CONTROL_PERSIST + 30
+    while (new := _new_processes(storm, before)) and time.monotonic() < deadline:
+        time.sleep(2)
+    problems += [f"left: {node}: process {pid} {_comm(pid)}" for node, pid in new]
     if run("ip", "netns", "list").stdout != namespaces:
         problems.append("left: network namespaces differ from before the storm")
     return problems
@@ -436,10 +438,8 @@ def lost_and_left(storm: Storm, before: dict[str, set[int]], namespaces: str) ->
 LEASE_WAIT = 90.0  # a lost controller's containers end within the inventory's lease (30 s in the faults' inventory)
 
 
-def _alive_after(pid: int, wait: float = 3.0) -> bool:
-    """Still there a moment later: an ssh session of a check, ending, is not left over."""
-    time.sleep(wait)
-    return Path(f"/proc/{pid}").exists()
+def _new_processes(storm: Storm, before: dict[str, set[int]]) -> list[tuple[str, int]]:
+    return [(n.name, pid) for n in storm.bed.state.nodes for pid in sorted(n.cgroup.pids() - before[n.name])]
 
 
 def _comm(pid: int) -> str:
@@ -503,7 +503,7 @@ def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, nod
         if st.rid and not problems:
             more, found = judged(st, runs_dir)
             problems += more
-    problems += lost_and_left(st, before, namespaces)
+        problems += lost_and_left(st, before, namespaces)  # the head's lease is on the storm's file system
     lines = [*table(st), f"{len(st.injected)} of {len(plan)} faults injected over {(time.monotonic() - started) / 60:.1f} min, "
              f"{sum(f.back is not None for f in st.injected)} survived (training went on), "
              f"{sum(f.lost_s or 0 for f in st.injected):.0f} s lost in all; run {st.rid} "

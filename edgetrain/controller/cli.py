@@ -439,8 +439,9 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
     where = rec.placement
     console.print(Text.assemble((shown(r.id).plain, "bold"), shown(f"  {rec.kind.value} {rec.job}  status {r.status().value}  ({r.path})")), highlight=False)
     if r.status() is runs.Status.ABANDONED:
+        # soft_wrap: the terminal wraps the command, rich would break it into lines that do not paste back.
         console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
-                      f"{launch.command_of(r, rec.job)}", markup=False, highlight=False)
+                      f"{launch.command_of(r, rec.job)}", markup=False, highlight=False, soft_wrap=True)
     _say(f"program: {rec.program.script or rec.job} {shlex.join(rec.program.args)}")
     if where is not None:
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
