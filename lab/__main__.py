@@ -1,4 +1,4 @@
-"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|mixed-bench|status|down: drive the testbed by hand (needs root)."""
+"""python -m lab up|emulate|cpu|bench|slurm|slurm-burst|mixed-bench|storm|status|down: drive the testbed by hand (needs root)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import mixed_bench, slurm_burst
+from . import mixed_bench, slurm_burst, storm
 from .bench import DEFAULT_SIZES, allreduce_bandwidth, line_rate_mb_s
 from .comm_core import training_share_bound
 from .emulation import DEFAULT_PERIOD_US, Emulation, calibrate, machine_cores, overcommit, parse_profile
@@ -131,6 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     mixed.add_argument("--holdout-split", type=int, default=defaults.holdout_split)
     mixed.add_argument("--max-steps", type=int, help="steps an epoch at most: a short try of the pipeline (its JSONs pool with no others)")
     mixed.add_argument("--timing-steps", type=int, default=defaults.timing_steps, help="steps each node's rate alone is timed over")
+    gale = sub.add_parser("storm", help="one long run on a provisioned testbed through a seeded schedule of faults; "
+                          "checks that nothing was lost and reports what each fault cost (storm.py)")
+    gale.add_argument("id")
+    gale.add_argument("-i", "--inventory", required=True, help="the testbed's docker inventory, one slot a node, a short lease")
+    gale.add_argument("--seed", type=int, default=1, help="draws the faults, their nodes and moments; the run's seed too")
+    gale.add_argument("--minutes", type=float, default=30.0, help="about how long the storm lasts (its run trains 60%% of it undisturbed)")
+    gale.add_argument("--faults", type=int, default=10)
+    gale.add_argument("--max-steps", type=int, default=100, help="the run's steps an epoch")
+    gale.add_argument("--compare", action="store_true", help="then the same seed's run undisturbed: held-out accuracy within 0.5 points")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -172,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                                       timing_steps=args.timing_steps)
         mixed_bench.bench(bed, args.inventory, [int(s) for s in args.seeds.split(",")], args.out, options, args.runs_dir,
                           ["python", "-m", "lab", *(argv if argv is not None else sys.argv[1:])])
+    elif args.cmd == "storm":
+        load(args.id)
+        return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare)
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)

@@ -439,8 +439,9 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
     where = rec.placement
     console.print(Text.assemble((shown(r.id).plain, "bold"), shown(f"  {rec.kind.value} {rec.job}  status {r.status().value}  ({r.path})")), highlight=False)
     if r.status() is runs.Status.ABANDONED:
+        # soft_wrap: the terminal wraps the command, rich would break it into lines that do not paste back.
         console.print(f"the edgetrain that ran it ended without recording an outcome; continue it with: "
-                      f"{launch.command_of(r, rec.job)}", markup=False, highlight=False)
+                      f"{launch.command_of(r, rec.job)}", markup=False, highlight=False, soft_wrap=True)
     _say(f"program: {rec.program.script or rec.job} {shlex.join(rec.program.args)}")
     if where is not None:
         console.print(f"placement: {where.np} ranks on " + ", ".join(f"{h['host']}:{h['ranks']}" for h in where.hosts)
@@ -452,7 +453,8 @@ def runs_show(run_id: Annotated[str, typer.Argument(metavar="RUN", help="Run id 
         resumed = f", resumed from epoch {a.resumed_from_epoch}" if a.resumed_from_epoch is not None else ""
         left_out = "".join(f"; {node} left out ({why})" for node, why in a.excluded.items())
         lost = "".join(f"; went on without {node} ({why})" for node, why in a.went_on_without.items())
-        _say(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}")
+        ended = f"; ended: {a.ended_by}" if a.ended_by else ""
+        _say(f"attempt {n} ({a.started}): {a.np} ranks{resumed}{left_out}{lost}{ended}")
     metrics = r.metrics()
     if metrics:
         columns = [k for k in metrics[-1] if k not in ("epoch", "ranks")]

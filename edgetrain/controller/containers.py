@@ -10,6 +10,8 @@ itself when the controller stops renewing its lease (killed, powered off, cut of
 
 from __future__ import annotations
 
+import contextlib
+
 import enum
 import ipaddress
 import posixpath
@@ -345,6 +347,9 @@ class Containers:
             except EdgetrainError as exc:
                 return f"{host.name}: {exc}"
             if proc.returncode == 0 or "No such container" in proc.stderr:
+                # No container holds the lease now: nothing is left that a renewal could keep alive.
+                with contextlib.suppress(EdgetrainError):
+                    self.nodes.run(host, ["rm", "-f", "--", self._lease(host)], timeout=60)
                 return None
             return f"{host.name}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
         reachable = [h for h in self.plan.hosts if h not in lost]
@@ -380,6 +385,17 @@ def listed(nodes: Nodes, host: Host) -> list[Found]:
 def leftovers(nodes: Nodes, host: Host) -> dict[str, str]:
     """edgetrain containers on a node: name -> the run (or probe) they belong to."""
     return {f.name: f.run for f in listed(nodes, host)}
+
+
+def remove_run(nodes: Nodes, hosts: list[Host], run_id: str) -> list[str]:
+    """The containers of a run that no command holds (its edgetrain died), removed before it
+    resumes, as ``clean`` would remove them: the nodes each was removed from."""
+    def one(host: Host) -> list[str]:
+        mine = [c.name for c in listed(nodes, host) if c.run == run_id]
+        return [host.name for name in mine if nodes.run(host, ["docker", "rm", "--force", name], timeout=60).returncode == 0]
+
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+        return [name for names in pool.map(one, hosts) for name in names]
 
 
 def lease_age(nodes: Nodes, host: Host, container: str) -> float | None:

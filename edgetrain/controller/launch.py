@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgetrain import __version__
-from edgetrain.controller import allocation, blame, inventory, monitor, observers, placement, remote, requirements, runtimes
+from edgetrain.controller import allocation, blame, containers, inventory, monitor, observers, placement, remote, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.controller.config import Attempt, LaunchConfig
@@ -62,6 +62,10 @@ class Launch:
     def resume_command(self) -> str:
         """The command that continues this run: the user's own, with ``--resume RUN``."""
         return _with_resume(list(self.config.command), self.run.id)
+
+
+# How an attempt ended whose edgetrain died before it could say (killed, or its machine went down).
+ABANDONED = "abandoned: its edgetrain ended without recording how (killed, or its machine went down)"
 
 
 @dataclass
@@ -207,7 +211,10 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
                 if program.workdir is not None else None)
     if attempt.resume:
         # Before the node checks, which would take the live run's own containers for leftovers.
-        runs.find(runs.ensure_writable(config.runs_dir), attempt.resume).refuse_if_live()
+        resumed = runs.find(runs.ensure_writable(config.runs_dir), attempt.resume)
+        resumed.refuse_if_live()
+        if resumed.status() is Status.ABANDONED:
+            _remove_abandoned(config, inv, resumed)
     rt = _runtime(config, inv, plan)
     created: runs.Run | None = None
     lock: runs.RunLock | None = None
@@ -244,6 +251,18 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
         raise
 
 
+def _remove_abandoned(config: LaunchConfig, inv: inventory.Inventory, run: runs.Run) -> None:
+    """A run whose edgetrain died left its containers running until their leases run out; nothing
+    holds the run, so they are its dead attempt's, and they go before the node checks see them."""
+    docker = [h for h in inv.hosts if h.runtime == "docker"]
+    if not docker:
+        return
+    with remote.Nodes() as nodes:
+        gone = containers.remove_run(nodes, docker, run.id)
+    if gone:
+        config.log(f"edgetrain: removed run {run.id}'s containers left running by its edgetrain, which died: on {', '.join(gone)}")
+
+
 def _worker_command(config: LaunchConfig, rt: runtimes.Runtime, run: runs.Run, plan: placement.Placement,
                     resumed_epoch: int | None, token: str) -> list[str]:
     """The worker command of this attempt, the same for every rank: its runtime's directories, the
@@ -273,7 +292,11 @@ def _record(launch: Launch, inv: inventory.Inventory) -> None:
     attempt = record.Attempt(started=record.now(), command=list(config.command), np=now.np, mpirun=launch.argv,
                              resumed_from_epoch=launch.resumed_epoch, shipped=[s.__dict__ for s in rt.shipped],
                              excluded=dict(now.excluded))
-    previous = launch.recorder.held.attempts if launch.recorder.held is not None else []
+    before = launch.recorder.held
+    previous = before.attempts if before is not None else []
+    if before is not None and previous and previous[-1].ended_by is None and before.status in (Status.STARTING, Status.RUNNING):
+        # The lock is ours now, so the run was refused to no live command: the one before died unrecorded.
+        previous[-1].ended_by = ABANDONED
     recorded = rt.record(launch.run)
     where = record.Where(np=now.np, runtime=rt.name, strategy=config.strategy.name, inventory=str(inv.source),
                          hosts=launch.placement.describe(), oversubscribed=launch.placement.oversubscribed,

@@ -8,6 +8,7 @@ were, and the first such failure is kept (``error``) for the attempt's end to re
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -47,3 +48,14 @@ class Recorder:
             attempts[-1] = replace(attempts[-1], first_step_s=round(first_step, 1) if first_step is not None else None,
                                    went_on_without=dict(went_on_without))
         self.update(status=status, ended=record.now(), returncode=returncode, attempts=attempts)
+
+    def ended_by(self, why: str) -> None:
+        """What ended the attempt, once its run has judged it (a node lost, a rank's failure,
+        success: the supervisor's words). Where run.json cannot be written it keeps its last whole
+        version: the error that ends the run says so."""
+        if self.held is None or not self.held.attempts:
+            return
+        attempts = list(self.held.attempts)
+        attempts[-1] = replace(attempts[-1], ended_by=why)
+        with contextlib.suppress(EdgetrainError):
+            self.update(attempts=attempts)

@@ -157,6 +157,9 @@ def _judge(what: str, unpacking: _Unpacking, code: int, err: str, timeout: float
                              "check the link to the node, then copy again")
 
 
+CONTROL_PERSIST = 60
+
+
 class Nodes:
     """Runs commands on inventory hosts; local hosts run them directly."""
 
@@ -169,8 +172,10 @@ class Nodes:
         if host.is_local:
             return command
         self._used[host.name] = host
-        # %C hashes host, port and user: a short socket path whatever the names.
-        mux = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self._dir}/%C", "-o", "ControlPersist=300")
+        # %C hashes host, port and user: a short socket path whatever the names. A run uses its
+        # connection every few seconds (leases, looks); if this edgetrain is killed, its masters
+        # (and their sessions on the nodes) end CONTROL_PERSIST seconds after their last use.
+        mux = ("-o", "ControlMaster=auto", "-o", f"ControlPath={self._dir}/%C", "-o", f"ControlPersist={CONTROL_PERSIST}")
         return [*ssh_command(host, *mux), shlex.join(command)]
 
     def run(self, host: Host, command: list[str], *, input: bytes | str | None = None,

@@ -35,11 +35,23 @@ def supervise(config: LaunchConfig, attempt: Callable[[Launch], Outcome], say: C
         started = prepare(config, plan)
         outcome = attempt(started)
         restart = restart_after(started, outcome)
+        started.recorder.ended_by(ended_by(outcome))
         if restart is not None:
             say(restart.said)
         if restart is None or restart.attempt is None:
             return started, outcome
         plan = restart.attempt
+
+
+def ended_by(outcome: Outcome) -> str:
+    """What ended an attempt, in a phrase for its record (``runs show`` lists it)."""
+    if outcome.state is Status.COMPLETED:
+        return "completed"
+    if outcome.back is not None:
+        return f"ended to take back {outcome.back.name}, which answered again"
+    if outcome.lost is not None and outcome.lost.host is not None:
+        return f"{outcome.lost.host.name} lost ({outcome.lost.why})"
+    return outcome.why
 
 
 def _taken_back(launch: Launch, host: inventory.Host) -> Attempt:

@@ -69,6 +69,7 @@ class Attempt:
     first_step_s: float | None = None  # seconds from the launch to the first training step
     excluded: dict[str, str] = field(default_factory=dict)  # nodes a restart left out -> how each was lost
     went_on_without: dict[str, str] = field(default_factory=dict)  # nodes lost mid-attempt that it carried on without -> how
+    ended_by: str | None = None  # what ended it, in a phrase: completed, a node lost, a rank's failure, abandoned
 
 
 @dataclass
@@ -159,7 +160,8 @@ RUN_JSON = Obj(
                              "speeds": Maybe(ListOf(NUMBER)), "speeds_from": (str, NONE), "batches": Maybe(ListOf((int,)))})),
      "attempts": Maybe(ListOf(Obj({"started": (str,), "command": STRINGS, "np": (int,), "mpirun": STRINGS},
                                   {"resumed_from_epoch": (int, NONE), "shipped": ListOf((dict,)), "first_step_s": (*NUMBER, NONE),
-                                   "excluded": MapOf((str,)), "went_on_without": MapOf((str,))}))),
+                                   "excluded": MapOf((str,)), "went_on_without": MapOf((str,)),
+                                   "ended_by": (str, NONE)}))),
      "versions": (dict,), "dataset": MapOf((dict,)), "workdir": (dict, NONE), "ended": (str, NONE), "returncode": (int, NONE),
      "error": (str, NONE)},
 )

@@ -10,11 +10,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from lab.console import TimedOutput
 from lab.testbed import run
 from tests.conftest import ROOT, edgetrain, sigint_default
 
@@ -29,38 +29,6 @@ def fault_cluster(cluster: Cluster) -> Cluster:
     """The container cluster with a short lease, so a node cut off is back to clean soon."""
     return Cluster(cluster.bed, cluster.docker_inventory("docker-faults.yml", head_slots=1, edgetrain_lease_seconds=LEASE),
                    cluster.env, cluster.runs)
-
-
-class TimedOutput:
-    """A process's output read as it comes: its lines per stream, and every line with the monotonic
-    time it came."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.timed: list[tuple[float, str]] = []
-        self.readers = [threading.Thread(target=self._read, args=(stream, sink), daemon=True)
-                        for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)) if stream is not None]
-        for reader in self.readers:
-            reader.start()
-
-    def _read(self, stream, sink: list[str]) -> None:
-        for line in stream:
-            sink.append(line)
-            self.timed.append((time.monotonic(), line))
-
-    def caught_up(self, timeout: float = 60) -> None:
-        """Once the process ended: every line it wrote read (its streams closed)."""
-        for reader in self.readers:
-            reader.join(timeout=timeout)
-
-    def said(self, text: str) -> float | None:
-        """When a line holding ``text`` first came, if it has."""
-        return next((t for t, line in list(self.timed) if text in line), None)
-
-    def console(self, since: float) -> str:
-        """Every line with the seconds it came after ``since``."""
-        return "".join(f"{t - since:7.1f} {line}" for t, line in self.timed)
 
 
 def completed(cluster: Cluster, *args: str, timeout: float = 3600, meanwhile=None, every: float = 0.5) -> tuple[TimedOutput, float]:

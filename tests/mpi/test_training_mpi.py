@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from edgetrain.controller import launch
 from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.learning_rate import anneal
 from tests.conftest import ROOT, descendants, edgetrain, sigint_default
@@ -346,6 +347,9 @@ def test_a_live_run_cannot_be_resumed_twice_and_a_killed_controller_takes_its_ra
                         "--runs-dir", str(tmp_path))
     assert resumed.returncode == 0, resumed.stderr
     assert run.record().status == "completed" and checkpoints.latest(run.checkpoints).epoch == done + 1
+    # Each attempt says what ended it, the killed one included.
+    attempts = edgetrain("runs", "show", run.id, "--runs-dir", str(tmp_path), env={"COLUMNS": "300"}).stdout
+    assert f"ranks; ended: {launch.ABANDONED}\n" in attempts and f"resumed from epoch {done}; ended: completed\n" in attempts, attempts
 
 
 def test_a_second_run_on_the_host_runtime_is_told_what_already_trains_there(tmp_path):

@@ -162,3 +162,18 @@ def test_what_the_watcher_saw_last_tells_the_cleanup_which_nodes_are_out_of_reac
     events.put(observers.Looked((NodeState(HOSTS[2], False, DARK, out_of_reach=True),), time.monotonic()))
     watched.close()
     assert told == [frozenset({"node3"})] and stopped == [] and watched.state.verdict is None
+
+
+def test_each_attempt_is_recorded_with_what_ended_it():
+    """The phrase `runs show` prints on each attempt's line: a lost node with how, a node taken
+    back, a rank's own failure (its finding), an interrupt, success."""
+    cfg = config(max_restarts=1, rejoin=True)
+    _, lost = attempt(cfg, configs.Attempt.first(cfg), lost="node3")
+    _, back = attempt(cfg, configs.Attempt.first(cfg), back="node3")
+    _, failed = attempt(cfg, configs.Attempt.first(cfg))
+    failed.finding = SimpleNamespace(rank=2, host="node2", error="exited with 137")
+    assert supervisor.ended_by(lost) == "node3 lost (unreachable: Connection timed out)"
+    assert supervisor.ended_by(back) == "ended to take back node3, which answered again"
+    assert supervisor.ended_by(failed) == "rank 2 on node2 failed: exited with 137"
+    assert supervisor.ended_by(launch.Outcome(None, 130, Status.INTERRUPTED)) == "interrupted"
+    assert supervisor.ended_by(launch.Outcome(None, 0, Status.COMPLETED)) == "completed"
