@@ -175,8 +175,7 @@ def mark_ended(run_dir: Path, rank: int) -> None:
 
 
 def ended(run_dir: Path) -> list[int]:
-    found = (RunLayout.rank_of(p.name, RankFile.ENDED) for p in run_dir.glob(RunLayout.rank_name("*", RankFile.ENDED)))
-    return sorted(r for r in found if r is not None)
+    return sorted(RunLayout(run_dir).rank_files(RankFile.ENDED))
 
 
 def read_all(run_dir: Path, warn: Callable[[str], None] = lambda line: None) -> list[Failure]:

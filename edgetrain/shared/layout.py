@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import PurePath, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import ClassVar, Generic, TypeVar
 
 P = TypeVar("P", bound=PurePath)
@@ -115,6 +115,12 @@ class RunLayout(Generic[P]):
 
     def log(self, rank: int) -> P:
         return self.rank_file(rank, RankFile.LOG)
+
+    def rank_files(self: RunLayout[Path], kind: RankFile) -> dict[int, Path]:
+        """The files of ``kind`` in this run directory, by rank; a name that is not a rank's
+        (``rank.x.log``) is none."""
+        found = {self.rank_of(p.name, kind): p for p in self.path.glob(self.rank_name("*", kind))}
+        return {rank: p for rank, p in found.items() if rank is not None}
 
     @classmethod
     def rank_name(cls, rank: int | str, kind: RankFile) -> str:

@@ -197,8 +197,8 @@ class Run(RunLayout[Path]):
 
     def logs(self) -> list[Path]:
         """The rank logs, by rank; a name that is not a rank's (``rank.x.log``) is not one."""
-        found = {self.rank_of(p.name, RankFile.LOG): p for p in self.path.glob(self.rank_name("*", RankFile.LOG))}
-        return [found[rank] for rank in sorted(r for r in found if r is not None)]
+        found = self.rank_files(RankFile.LOG)
+        return [found[rank] for rank in sorted(found)]
 
 
 class RunLock:
