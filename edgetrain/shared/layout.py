@@ -25,16 +25,10 @@ class RankFile(str, Enum):
 
 @dataclass(frozen=True)
 class RunLayout(Generic[P]):
-    """The paths of the run directory ``path``; its names, for what is named relative to one (the
-    files a node sends back, those ``collect`` fetches), are the upper-case class attributes."""
+    """The paths of the run directory ``path``. The names alone, the upper-case class attributes,
+    are for lists relative to a run directory (what a node sends back, what ``collect`` fetches)."""
 
     path: P
-
-    @staticmethod
-    def posix(path: str) -> RunLayout[PurePosixPath]:
-        """A node's run directory, or a container's mount of one: its paths name files there, in
-        the commands the controller runs there."""
-        return RunLayout(PurePosixPath(path))
 
     RECORD: ClassVar[str] = "run.json"  # the controller's record of the run (edgetrain.shared.record)
     METRICS: ClassVar[str] = "metrics.jsonl"  # rank 0's records, one JSON line each
@@ -54,7 +48,13 @@ class RunLayout(Generic[P]):
     # LEASE_DIR read-only over its own, so that no rank can renew it.
     LEASE_DIR: ClassVar[str] = ".lease"
     LEASE_FILE: ClassVar[str] = "renewed"
-    RANK_FILE: ClassVar[str] = "rank.{rank}.{kind}"
+    RANK_FILE: ClassVar[str] = "rank.{rank}.{kind}"  # each rank's files, of the kinds in RankFile
+
+    @staticmethod
+    def posix(path: str) -> RunLayout[PurePosixPath]:
+        """A node's run directory, or a container's mount of one: its paths name files there, in
+        the commands the controller runs there."""
+        return RunLayout(PurePosixPath(path))
 
     @property
     def info_file(self) -> P:

@@ -221,3 +221,18 @@ j = os.path.join(x, "ranks/3")
         (7, "rank."), (7, "work"), (8, ".lease"), (8, "renewed"), (11, ".lock"), (12, "ranks")]
     assert {"run.json", "metrics.jsonl", "checkpoints", "work", "outputs", "outputs.json", "workdir.json", ".lease",
             "failure.json", "rank."} <= set(NAMES)
+
+
+def test_the_layout_keeps_the_names_kept_run_directories_hold():
+    """Renaming one would orphan every run directory written before: their names, spelled out."""
+    here, node = RunLayout(Path("r")), RunLayout.posix("/home/pi/runs/r/")
+    assert [str(p) for p in (here.info_file, here.metrics_file, here.checkpoints, here.machinefile, here.lock_file,
+                             here.workdir_manifest, here.outputs_list, here.tensorboard, here.data, here.work(), here.outputs(),
+                             here.work(3), here.outputs(3), here.log(2), here.rank_file(2, RankFile.FAILURE),
+                             here.rank_file(2, RankFile.ENDED))] == [
+        "r/run.json", "r/metrics.jsonl", "r/checkpoints", "r/machinefile", "r/.lock", "r/workdir.json", "r/outputs.json",
+        "r/tensorboard", "r/data", "r/work", "r/outputs", "r/ranks/3/work", "r/ranks/3/outputs", "r/rank.2.log",
+        "r/rank.2.failure.json", "r/rank.2.ended"]
+    assert (str(node.lease_dir), str(node.lease)) == ("/home/pi/runs/r/.lease", "/home/pi/runs/r/.lease/renewed")
+    assert [RunLayout.rank_of(n, RankFile.LOG) for n in ("rank.0.log", "rank.12.log", "rank.01.log", "rank.x.log", "rank.1.ended")] == \
+        [0, 12, None, None, None]
