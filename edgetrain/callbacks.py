@@ -477,7 +477,7 @@ class Checkpoints(tf.keras.callbacks.Callback):
         if self.rank != 0:
             return
         metrics = self.progress.last if self.progress else {"epoch": epoch + 1}
-        checkpoints.write(run_dir() / "checkpoints", epoch + 1, job_name(), metrics,
+        checkpoints.write(runs.Run(run_dir()).checkpoints, epoch + 1, job_name(), metrics,
                           lambda d: self.state.write(str(d / "state")), extra={"rank": 0, **self.extra})
 
 
@@ -489,5 +489,5 @@ def callbacks(state: tf.train.Checkpoint | None = None, *, batch_size: int | Non
     if state is not None:
         found.append(Checkpoints(state, progress, extra))
     if tensorboard and progress.rank == 0:
-        found.append(tf.keras.callbacks.TensorBoard(log_dir=str(run_dir() / "tensorboard"), profile_batch=0))
+        found.append(tf.keras.callbacks.TensorBoard(log_dir=str(runs.Run(run_dir()).tensorboard), profile_batch=0))
     return found

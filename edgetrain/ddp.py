@@ -150,7 +150,7 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch:
     state = {"model": _module(model).state_dict(), "optimizer": optimizer.state_dict() if optimizer is not None else None}
     if sync is not None:
         state["sync"] = sync.state_dict()
-    checkpoints.write(run_dir() / "checkpoints", epoch, job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
+    checkpoints.write(runs.Run(run_dir()).checkpoints, epoch, job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
 
 
 class Progress:
@@ -184,7 +184,7 @@ class Progress:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # TensorBoard is not installed: the rest works without it
             return None
-        return SummaryWriter(str(run_dir() / "tensorboard"))
+        return SummaryWriter(str(runs.Run(run_dir()).tensorboard))
 
     def step(self, loss: float) -> None:
         self.done += 1

@@ -68,7 +68,7 @@ def one_run(inventory: Path, job: str, np: int, args: list[str], root: Path) -> 
     before = {p.name for p in root.iterdir()} if root.exists() else set()
     proc = subprocess.run([sys.executable, "-m", "edgetrain", "run", job, "--np", str(np), "-i", str(inventory),
                            "--runs-dir", str(root), *args], capture_output=True, text=True, check=False)
-    new = sorted(p for p in root.iterdir() if p.name not in before and (p / "run.json").exists())
+    new = sorted(p for p in root.iterdir() if p.name not in before and runs.Run(p).info_file.exists())
     if proc.returncode != 0 or not new:
         raise SystemExit(f"edgetrain run failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     run = runs.Run(new[-1])

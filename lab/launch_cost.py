@@ -99,7 +99,7 @@ def script_first_step(script: Path, np: int, args: list[str], repeat: int) -> li
     """A user script under ``edgetrain run`` and under a bare ``mpirun``, interleaved."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgetrain-bench-") as tmp:
-        home, runs_dir, copy = Path(tmp) / "home", Path(tmp) / "runs", Path(tmp) / "work"
+        home, runs_dir, copy = Path(tmp) / "home", Path(tmp) / "runs", Path(tmp) / "project"
         shutil.copytree(script.parent, copy)
         data = Path(tmp) / "data"
         for name in datasets.DATASETS:

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from edgetrain.controller.allocation import hostnames
+from edgetrain.shared import runs
 
 from .testbed import Testbed
 
@@ -239,7 +240,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     views = [listing.submit(queue_is_theirs, bed, u, dirs[u], {(j.id, j.run) for j in jobs if j.user == u}) for u in users]
     listing.shutdown(wait=False)
     out = dirs[victim.user] / f".slurm-{pwd.getpwnam(victim.user).pw_uid}" / f"slurm-{victim.id}.out"
-    record = dirs[victim.user] / victim.run / "run.json"
+    record = runs.Run(dirs[victim.user] / victim.run).info_file
     taken, down_at, back_at, fault = "", None, None, ""
     deadline = time.monotonic() + timeout
     try:
@@ -280,7 +281,7 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     spans: list[Held] = []
     victim_outcome = ""
     for job in jobs:
-        path = dirs[job.user] / job.run / "run.json"
+        path = runs.Run(dirs[job.user] / job.run).info_file
         rec = json.loads(path.read_text()) if path.is_file() else {}
         said = out.read_text(errors="replace") if job is victim and out.is_file() else ""
         if job is victim:
@@ -347,7 +348,7 @@ def summary(jobs: list[Job], nodes: int, taken: str, victim: Job, victim_outcome
         f"queue drained in {drain:.0f} s; the jobs ran {run_sum:.0f} s in all ({run_sum / drain:.2f}x the drain), "
         f"{node_sum:.0f} node-seconds: {100 * node_sum / (nodes * drain):.0f}% of {nodes} nodes over the drain",
         f"{taken or 'no node'} taken from job {victim.id} ({victim.planned.nodes} nodes): {victim_outcome}",
-        f"{twice} times a node held two runs at once, in {spans} node-spans from the runs' run.json",
+        f"{twice} times a node held two runs at once, in {spans} node-spans from the runs' {runs.Run.RECORD}",
     ]
     return lines
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from edgetrain.controller import containers, preflight, remote
 from edgetrain.shared import runs
+from edgetrain.shared.layout import RunLayout
 
 from .console import TimedOutput
 from .emulation import machine_cores
@@ -334,7 +335,7 @@ class Storm:
         for n in self.bed.state.nodes:
             names = run(*n.docker_cli, "ps", "--all", "--filter", f"label={containers.LABEL}", "--format", "{{.Names}}").stdout.split()
             found += [f"{n.name}: container {name}" for name in names]
-            lease = f"{self.node_runs}/{self.rid}/{containers.LEASE_DIR}/{containers.LEASE_FILE}"
+            lease = str(RunLayout.posix(f"{self.node_runs}/{self.rid}").lease)
             if self.bed.ssh(n, f"test -e {lease}", check=False).returncode == 0:
                 found.append(f"{n.name}: lease {lease}")
         return found

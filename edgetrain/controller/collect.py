@@ -26,6 +26,7 @@ from typing import BinaryIO
 from edgetrain.shared import checkpoints, runs, untrusted, workdir
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RankFile, RunLayout
 from edgetrain.controller.inventory import Inventory
 from edgetrain.controller.remote import Nodes
 
@@ -128,31 +129,33 @@ def _copy(root: Path, rel: str, dest: Path, result: Collected, digest: str | Non
 
 
 COLLECT_AGAIN = "collect again; if it persists, the file changed after the run or the disk is failing"
-# What outputs.json holds: rank 0's new or changed files, in its working directory and its output directory.
-OUTPUTS = untrusted.Obj({"work": untrusted.MapOf(untrusted.SHA256), "outputs": untrusted.MapOf(untrusted.SHA256)})
+# What outputs.json holds: rank 0's new or changed files, in its working directory and its output
+# directory, keyed by their names in the run directory.
+LISTED = (RunLayout.WORK, RunLayout.OUTPUTS)
+OUTPUTS = untrusted.Obj({part: untrusted.MapOf(untrusted.SHA256) for part in LISTED})
 
 
 def outputs_of(run: runs.Run, warn: Callable[[str], None] = lambda line: None) -> dict[str, str]:
     """Rank 0's outputs, ``{path in the run directory: sha256}``; a listed name that would leave
     the run directory (absolute, or with ``..``) is refused, one line to ``warn`` each."""
-    listed = run.path / runs.OUTPUTS
+    listed = run.outputs_list
     if listed.is_file():
         try:
             found = untrusted.check(untrusted.load(listed), OUTPUTS)
         except (OSError, ValueError) as exc:
             raise EdgetrainError(f"{listed} is damaged ({exc})", "collect again after a resume, or copy the run directory by hand") from None
-        named = {f"{part}/{k}": v for part in ("work", "outputs") for k, v in found[part].items()}
+        named = {f"{part}/{k}": v for part in LISTED for k, v in found[part].items()}
         for name in sorted(n for n in named if not checkpoints.confined(n)):
             warn(f"{listed} names {name!r}, outside the run directory: not collected")
         return {n: v for n, v in named.items() if checkpoints.confined(n)}
-    shipped = run.path / workdir.MANIFEST
+    shipped = run.workdir_manifest
     try:
-        manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.path / "work", ())
+        manifest = workdir.Manifest.from_json(shipped.read_text()) if shipped.is_file() else workdir.Manifest(run.work(), ())
     except (OSError, ValueError) as exc:
         raise EdgetrainError(f"{shipped} is damaged ({exc})", "copy the run directory by hand") from None
-    work = workdir.changed(manifest, run.path / "work") if (run.path / "work").is_dir() else {}
-    out = workdir.changed(workdir.Manifest(run.path, ()), run.path / "outputs") if (run.path / "outputs").is_dir() else {}
-    return {**{f"work/{k}": v for k, v in work.items()}, **{f"outputs/{k}": v for k, v in out.items()}}
+    work = workdir.changed(manifest, run.work()) if run.work().is_dir() else {}
+    out = workdir.changed(workdir.Manifest(run.path, ()), run.outputs()) if run.outputs().is_dir() else {}
+    return {f"{part}/{k}": v for part, files in zip(LISTED, (work, out), strict=True) for k, v in files.items()}
 
 
 def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
@@ -168,7 +171,7 @@ def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
     if not found and not outputs:
         raise EdgetrainError(f"run {dest.name} has no checkpoint or output yet", "collect it once its first epoch ends")
     for ckpt in found:
-        rel_dir = f"checkpoints/{ckpt.path.name}"
+        rel_dir = f"{src.CHECKPOINTS}/{ckpt.path.name}"
         files = {f"{rel_dir}/{name}": digest for name, digest in ckpt.manifest["files"].items()}
         refused = next(((rel, why) for rel in [*files, f"{rel_dir}/{checkpoints.MANIFEST}"] if (why := _refusal(src.path, rel))), None)
         if refused is not None:
@@ -179,13 +182,12 @@ def _gather(src: runs.Run, extras: list[Path], dest: Path) -> Collected:
         _copy(src.path, f"{rel_dir}/{checkpoints.MANIFEST}", dest, result)
         result.checkpoints.append(ckpt.epoch)
     for rel, digest in outputs.items():
-        why = _copy(src.path, rel, dest, result, digest, f"rank 0's {runs.OUTPUTS}")
+        why = _copy(src.path, rel, dest, result, digest, f"rank 0's {src.OUTPUTS_LIST}")
         if why is None:
             result.outputs.append(rel)
         else:
             result.warnings.append(f"output {src.path / rel} is {why}: not collected")
-    tensorboard = src.path / "tensorboard"
-    for extra in [*extras, src.metrics_file, *src.logs(), *(p for p in tensorboard.rglob("*") if not p.is_dir() or p.is_symlink())]:
+    for extra in [*extras, src.metrics_file, *src.logs(), *(p for p in src.tensorboard.rglob("*") if not p.is_dir() or p.is_symlink())]:
         root, rel = (src.path, extra.relative_to(src.path).as_posix()) if extra.is_relative_to(src.path) else (extra.parent, extra.name)
         why = _copy(root, rel, dest, result)
         if why is not None:
@@ -225,8 +227,8 @@ def collect_remote(run: runs.Run, inv: Inventory, dest_root: Path) -> Collected:
         raise EdgetrainError(f"cannot write {dest_root}: {exc.strerror or exc}", "pass a writable --dest") from None
     try:
         with Nodes() as nodes:
-            nodes.fetch(head, node_dir, ["checkpoints", "metrics.jsonl", "rank.*.log", runs.OUTPUTS, workdir.MANIFEST,
-                                         "work", "outputs", "tensorboard"], staging)
+            nodes.fetch(head, node_dir, [RunLayout.CHECKPOINTS, RunLayout.METRICS, RunLayout.rank_name("*", RankFile.LOG), RunLayout.OUTPUTS_LIST,
+                                         RunLayout.WORKDIR_MANIFEST, *LISTED, RunLayout.TENSORBOARD], staging)
         fetched = {p.name for p in runs.Run(staging).logs()}
         # Ranks on other nodes: their logs were brought home when the run ended.
         others = [p for p in run.logs() if p.name not in fetched]

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from edgetrain.controller import images, node_store
 from edgetrain.shared import mpi
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 from edgetrain.controller.inventory import Host
 from edgetrain.controller.placement import Placement
 from edgetrain.controller.remote import SSH_TIMEOUT, UNREACHABLE, Nodes, tar_bytes
@@ -63,10 +64,8 @@ SSHD_OPTIONS = ("AllowTcpForwarding=no", "AllowStreamLocalForwarding=no", "Allow
                 "X11Forwarding=no", "PermitTunnel=no", "GatewayPorts=no")
 # How often the controller renews each container's lease (it runs out after the host's
 # edgetrain_lease_seconds). The lease lives in a directory of the node's run directory that the
-# container mounts read-only over its own: the ranks read it, none can renew it.
+# container mounts read-only over its own (RunLayout.lease_dir): the ranks read it, none can renew it.
 LEASE_RENEW = 5
-LEASE_DIR = ".lease"
-LEASE_FILE = "renewed"
 # The shortest lease: three renewals may go missing, and the last one may wait on ssh's timeout,
 # before a container of a running controller would end. The inventory schema says the same.
 MIN_LEASE = 3 * LEASE_RENEW + SSH_TIMEOUT
@@ -112,31 +111,29 @@ def write_file(path: str) -> str:
             f"{{ rm -f -- \"$t\"; false; }}; }}")
 
 
-def lease_path(node_run_dir: str) -> str:
-    """The node's side of the container's lease (the controller renews it)."""
-    return f"{node_run_dir.rstrip('/')}/{LEASE_DIR}/{LEASE_FILE}"
+MOUNTED_RUN = RunLayout.posix(RUN_MOUNT)  # a node's run directory, as its container sees it
 
 
 def docker_run_argv(host: Host, name: str, run_id: str, node_run_dir: str, image: str, listen: str | None) -> list[str]:
     """The container of one node: removed by Docker once it stops (by the controller, or by its
     own lease, which is its command under Docker's init), never pulled, with fewer capabilities,
     and sshd on the cluster address only."""
-    lease_dir = f"{node_run_dir.rstrip('/')}/{LEASE_DIR}"
+    node = RunLayout.posix(node_run_dir)
     argv = [
         "docker", "run", "--detach", "--rm", "--init", "--pull", "never", "--name", name, "--label", f"{LABEL}={run_id}",
-        "--label", f"{LEASE_LABEL}={lease_path(node_run_dir)}", "--label", f"{LEASE_SECONDS_LABEL}={host.lease_seconds}",
+        "--label", f"{LEASE_LABEL}={node.lease}", "--label", f"{LEASE_SECONDS_LABEL}={host.lease_seconds}",
         "--network", "host", "--shm-size", SHM_SIZE, "--cap-drop", "ALL",
         *(arg for cap in CAPABILITIES for arg in ("--cap-add", cap)),
         "--security-opt", "no-new-privileges", "--pids-limit", str(PIDS_LIMIT),
         "--volume", f"{node_run_dir}:{RUN_MOUNT}",
-        "--volume", f"{lease_dir}:{RUN_MOUNT}/{LEASE_DIR}:ro",
+        "--volume", f"{node.lease_dir}:{MOUNTED_RUN.lease_dir}:ro",
         "--volume", f"{host.datasets_dir}:{DATA_MOUNT}:ro",
         "--volume", f"{store_view(node_run_dir)}:{STORE_MOUNT}:ro",  # this run's files, not the whole store
     ]
     if host.is_gpu:
         argv += ["--gpus", "all"]
     sshd = [f"-o{o}" for o in SSHD_OPTIONS] + ([f"-oListenAddress={listen}"] if listen else [])
-    lease = [PYTHON, "-m", "edgetrain.rank.lease", f"{RUN_MOUNT}/{LEASE_DIR}/{LEASE_FILE}", str(host.lease_seconds), LEASE_STATE, "--"]
+    lease = [PYTHON, "-m", "edgetrain.rank.lease", str(MOUNTED_RUN.lease), str(host.lease_seconds), LEASE_STATE, "--"]
     return [*argv, image, *lease, "edgetrain-sshd", *sshd]
 
 
@@ -211,8 +208,8 @@ class Containers:
         self.lost: set[str] = set()  # nodes the run goes on without: no longer watched
         self._renewing = threading.Event()
 
-    def _lease(self, host: Host) -> str:
-        return lease_path(self.node_run_dirs[host.name])
+    def _node(self, host: Host) -> RunLayout[PurePosixPath]:
+        return RunLayout.posix(self.node_run_dirs[host.name])
 
     def _renew(self, host: Host) -> None:
         """Renew one node's lease until the run ends: a node each, so that one out of reach (each
@@ -220,7 +217,7 @@ class Containers:
         while not self._renewing.wait(LEASE_RENEW):
             try:
                 # -h: the lease's own times, never a file a link there names, nor one made anew.
-                self.nodes.run(host, ["touch", "-h", "--", self._lease(host)], timeout=LEASE_RENEW + SSH_TIMEOUT)
+                self.nodes.run(host, ["touch", "-h", "--", str(self._node(host).lease)], timeout=LEASE_RENEW + SSH_TIMEOUT)
             except EdgetrainError:
                 pass  # a node out of reach: its container ends itself when the lease runs out
 
@@ -247,8 +244,9 @@ class Containers:
         try:
             self.listen[host.name] = listen_address(self.nodes, host)
             # The lease exists before the container: one whose controller dies from here on ends by itself.
-            ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d), posixpath.dirname(self._lease(host)))} && "
-                                          f"{write_file(self._lease(host))} && id -u && id -g"], f"creating {d}").split()
+            node = self._node(host)
+            ids = self.nodes.check(host, ["sh", "-c", f"{private_dirs(d, store_view(d), str(node.lease_dir))} && "
+                                          f"{write_file(str(node.lease))} && id -u && id -g"], f"creating {d}").split()
             self.nodes.check(host, docker_run_argv(host, self.name, self.run_id, d, images.image_for(host), self.listen[host.name]),
                              "starting the training container", "see docker logs on the node; edgetrain doctor -i INVENTORY")
             self.pids[host.name] = int(self.nodes.check(host, ["docker", "inspect", "--format", "{{.State.Pid}}", self.name],
@@ -349,7 +347,7 @@ class Containers:
             if proc.returncode == 0 or "No such container" in proc.stderr:
                 # No container holds the lease now: nothing is left that a renewal could keep alive.
                 with contextlib.suppress(EdgetrainError):
-                    self.nodes.run(host, ["rm", "-f", "--", self._lease(host)], timeout=60)
+                    self.nodes.run(host, ["rm", "-f", "--", str(self._node(host).lease)], timeout=60)
                 return None
             return f"{host.name}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
         reachable = [h for h in self.plan.hosts if h not in lost]

@@ -25,6 +25,7 @@ from edgetrain import __version__
 from edgetrain.controller import allocation, blame, containers, inventory, monitor, observers, placement, remote, requirements, runtimes
 from edgetrain.shared import checkpoints, failures, job_options, lifetime, progress, record, runs, workdir
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
+from edgetrain.shared.layout import RunLayout
 from edgetrain.controller.config import Attempt, LaunchConfig
 from edgetrain.controller.program import Program
 from edgetrain.controller.recorder import Recorder
@@ -121,7 +122,7 @@ def _resume_point(rt: runtimes.Runtime, run: runs.Run, program: Program, np: int
     Every file of a checkpoint is hashed where it lives and compared with its manifest; a damaged
     one is passed over for the one before, and the user is told."""
     head = rt.plan.head
-    ckpt_dir = f"{rt.node_run_dirs(run)[head.name]}/checkpoints"
+    ckpt_dir = str(RunLayout.posix(rt.node_run_dirs(run)[head.name]).checkpoints)
     listing = rt.nodes.check(head, ["sh", "-c", f"cd {shlex.quote(ckpt_dir)} 2>/dev/null && ls -1 */{checkpoints.MANIFEST}; true"],
                              "listing checkpoints")
     found = sorted(line.split("/")[0] for line in listing.split() if line.startswith(checkpoints.PREFIX))
@@ -267,7 +268,8 @@ def _worker_command(config: LaunchConfig, rt: runtimes.Runtime, run: runs.Run, p
                     resumed_epoch: int | None, token: str) -> list[str]:
     """The worker command of this attempt, the same for every rank: its runtime's directories, the
     strategy's peers and a resume's checkpoint."""
-    resume = [] if resumed_epoch is None else ["--resume-from", f"{rt.run_dir(run)}/checkpoints/{checkpoints.PREFIX}{resumed_epoch:04d}"]
+    resume = [] if resumed_epoch is None else \
+        ["--resume-from", str(RunLayout.posix(rt.run_dir(run)).checkpoints / checkpoints.dir_name(resumed_epoch))]
     return runtimes.worker_command(rt.python, runtimes.RankDirs(rt.run_dir(run), rt.store(run), rt.data_dir(run)), config.strategy,
                                    config.program, token, config.strategy.worker_args(plan, config.port, config.ps) + resume)
 

@@ -24,7 +24,7 @@ def draw(root: Path, ids: list[str], out: Path | None = None, labels: list[str] 
         raise UsageError(f"{len(labels)} --label for {len(ids)} ids", "give one --label per id, in the same order, or none")
     if out is None and len(ids) > 1:
         raise UsageError("several ids make one figure: say where it goes", "add --out FILE.svg")
-    found = [runs.find_dir(root, i, ("run.json", BENCH)) for i in ids]
+    found = [runs.find_dir(root, i, (runs.Run.RECORD, BENCH)) for i in ids]
     benches = [d for d in found if (d / BENCH).is_file()]
     if benches and len(benches) != len(found):
         raise UsageError("a figure is of runs or of benches, not both", "plot the benches and the runs apart")
@@ -157,7 +157,7 @@ def run_figure(chosen: list[runs.Run], labels: list[str] | None = None):
             rate.plot([m["elapsed"] for m in shown], [m["images_per_sec"] for m in shown], color=colour, marker="o", label=name)
     if not (acc.has_data() or rate.has_data()):
         plt.close(fig)
-        raise EdgetrainError(f"{', '.join(r.id for r in chosen)}: no epoch or evaluation records to plot (metrics.jsonl)",
+        raise EdgetrainError(f"{', '.join(r.id for r in chosen)}: no epoch or evaluation records to plot ({runs.Run.METRICS})",
                              "a script records them with edgetrain.callbacks.Progress or edgetrain.ddp.Progress")
     acc.set(title="accuracy", xlabel="seconds", ylabel="accuracy")
     rate.set(title="img/s per epoch", xlabel="seconds from the start", ylabel="images / s")

@@ -23,12 +23,13 @@ from typing import IO, Any
 
 from edgetrain.shared import checkpoints, tempdirs
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 from edgetrain.controller.inventory import Host
 
 UNREACHABLE = 255  # ssh's own exit status: the command never ran
 # Where tarfile has extraction filters, the members extract() gets were vetted here already.
 TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
-PROTECTED = frozenset({"run.json"})  # the controller's own record: no node may overwrite it
+PROTECTED = frozenset({RunLayout.RECORD})  # the controller's own record: no node may overwrite it
 
 
 def _move_into(src: Path, dest: Path) -> None:

@@ -27,6 +27,7 @@ from edgetrain.controller import containers, images, preflight, requirements, sh
 from edgetrain.controller.containers import NodeState
 from edgetrain.shared import datasets, mpi, runs, workdir
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RankFile, RunLayout
 from edgetrain.controller.inventory import Host, Inventory
 from edgetrain.controller.placement import Placement
 from edgetrain.controller.program import Program
@@ -120,7 +121,7 @@ class Runtime:
             store = containers.store_dir(dirs[h.name])
             shipped = shipping.ship(self.nodes, h, store, manifest)
             shipping.give_view(self.nodes, h, store, containers.store_view(dirs[h.name]), manifest)
-            target = f"{dirs[h.name]}/{workdir.MANIFEST}"
+            target = str(RunLayout.posix(dirs[h.name]).workdir_manifest)
             self.nodes.check(h, ["sh", "-c", f"{containers.private_dirs(dirs[h.name])} && {containers.write_file(target)}"],
                              "writing the working directory's manifest", input=body)
             return shipped
@@ -272,13 +273,13 @@ class HostRuntime(Runtime):
         return containers.store_view(self.run_dir(run))
 
     def data_dir(self, run: runs.Run) -> str:
-        return str((run.path / "data").resolve())
+        return str(run.data.resolve())
 
     def stage(self, run: runs.Run, manifest: workdir.Manifest | None) -> None:
         # The ranks find every dataset under one directory, as they do in a container. It is made
         # anew: a rank may have left a link in its place, or in place of a dataset's directory,
         # which mkdir and unlink would follow into another directory of this machine.
-        data = run.path / "data"
+        data = run.data
         if data.is_symlink() or not data.is_dir():
             data.unlink(missing_ok=True)
         else:
@@ -405,5 +406,5 @@ RUNTIMES: dict[str, type[Runtime]] = {"host": HostRuntime, "docker": DockerRunti
 def node_files(plan: Placement, host: Host) -> list[str]:
     """What a node's run directory gives back when the run ends: its own ranks' files (a node
     cannot send another rank's failure record), and rank 0's metrics and outputs list from the head."""
-    names = [runs.rank_file(rank, kind) for rank in plan.ranks_on(host) for kind in runs.RANK_FILES]
-    return names + (["metrics.jsonl", runs.OUTPUTS] if host is plan.head else [])
+    names = [RunLayout.rank_name(rank, kind) for rank in plan.ranks_on(host) for kind in RankFile]
+    return names + ([RunLayout.METRICS, RunLayout.OUTPUTS_LIST] if host is plan.head else [])

@@ -32,7 +32,8 @@ from edgetrain.shared import checkpoints, failures, mpi, progress, tempdirs, wor
 from edgetrain.rank import keeper, keras_datasets, pmi
 from edgetrain.shared.errors import EdgetrainError
 from edgetrain.shared.progress import Events
-from edgetrain.shared.runs import OUTPUTS, RUN_AS
+from edgetrain.shared.layout import RunLayout
+from edgetrain.shared.runs import RUN_AS
 from edgetrain.rank.strategies import STRATEGIES, Strategy, horovod_module
 from edgetrain.shared.strategies import DEFAULT, Name
 
@@ -192,11 +193,12 @@ def record_outputs(run_dir: Path, cwd: Path, outputs: Path, manifest: workdir.Ma
     """Rank 0's files for ``collect``: new or changed in its working copy, and the output dir."""
     work = workdir.changed(manifest, cwd) if manifest is not None else {}
     out = workdir.changed(workdir.Manifest(outputs, ()), outputs) if outputs.is_dir() else {}
-    tmp = run_dir / f".{OUTPUTS}.tmp"
+    listed = RunLayout(run_dir).outputs_list
+    tmp = listed.with_name(f".{listed.name}.tmp")
     try:
-        with checkpoints.naming(run_dir / OUTPUTS):
-            tmp.write_text(json.dumps({"work": work, "outputs": out}, indent=1, sort_keys=True))
-        os.replace(tmp, run_dir / OUTPUTS)
+        with checkpoints.naming(listed):
+            tmp.write_text(json.dumps({RunLayout.WORK: work, RunLayout.OUTPUTS: out}, indent=1, sort_keys=True))
+        os.replace(tmp, listed)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk: no half-written list is left behind
         raise
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, size = mpi.rank_and_size()
     run_dir = args.run_dir
     failures.clear(run_dir, rank)
-    log = run_dir / f"rank.{rank}.log"
+    log = RunLayout(run_dir).log(rank)
     keeper_pid = keeper.keep(run_dir, rank, log)  # from here on, this is the rank's own process
     # TensorFlow's start-up INFO lines would otherwise fill rank 0's console; warnings still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -264,8 +266,8 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
     final barrier. Returns the rank's exit status."""
     run_dir, strategy = args.run_dir, STRATEGIES[args.strategy]
     # Each rank has a working copy and an output directory of its own; rank 0's are the run's.
-    private = run_dir if rank == 0 else run_dir / "ranks" / str(rank)
-    cwd, outputs = private / "work", private / "outputs"
+    layout = RunLayout(run_dir)
+    cwd, outputs = layout.work(rank), layout.outputs(rank)
     manifest = None
     code = 0
     try:
@@ -298,7 +300,7 @@ def _run(args: argparse.Namespace, rank: int, size: int, host: str, console: int
 def _working_copy(args: argparse.Namespace, cwd: Path, outputs: Path) -> workdir.Manifest | None:
     """The rank's copy of the shipped folder (and its manifest), or None for a program that ships none."""
     manifest = None
-    manifest_file = args.run_dir / workdir.MANIFEST
+    manifest_file = RunLayout(args.run_dir).workdir_manifest
     if args.store is not None and manifest_file.is_file():
         manifest = workdir.Manifest.from_json(manifest_file.read_text())
         workdir.materialize(manifest, args.store, cwd)

@@ -62,10 +62,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def dir_name(epoch: int) -> str:
+    """The directory of epoch ``epoch``'s checkpoint, in the run's checkpoints directory."""
+    return f"{PREFIX}{epoch:04d}"
+
+
 def write(root: Path, epoch: int, job: str, metrics: dict[str, Any], save: Callable[[Path], None], extra: dict[str, Any] | None = None) -> Checkpoint:
     """Let ``save`` write files into a fresh directory, then publish it as epoch ``epoch``."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{epoch:04d}"
+    final = root / dir_name(epoch)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}."))
     try:
         save(tmp)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgetrain.shared import runs, untrusted
+from edgetrain.shared import untrusted
+from edgetrain.shared.layout import RankFile, RunLayout
 
 
 # Gloo's transport error naming the peer ("Read error [198.18.0.13]:20128: Connection reset by
@@ -90,7 +91,7 @@ STARTED = time.monotonic()
 
 
 def path(run_dir: Path, rank: int) -> Path:
-    return run_dir / runs.rank_file(rank, "failure.json")
+    return RunLayout(run_dir).rank_file(rank, RankFile.FAILURE)
 
 
 def clear(run_dir: Path, rank: int) -> None:
@@ -104,10 +105,11 @@ def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: 
     f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind,
                 time.monotonic() - STARTED)
     # A full disk must not keep a failing rank from ending: what cannot be written is given up.
-    tmp = run_dir / f".rank.{rank}.failure.json.tmp"
+    final = path(run_dir, rank)
+    tmp = final.with_name(f".{final.name}.tmp")
     try:
         tmp.write_text(json.dumps(f.__dict__, indent=1))
-        os.replace(tmp, path(run_dir, rank))
+        os.replace(tmp, final)
     except OSError:
         try:
             tmp.unlink(missing_ok=True)
@@ -156,15 +158,15 @@ def disk_full(exc: BaseException, run_dir: Path) -> tuple[str, str] | None:
             parts = list(Path(where).relative_to(run_dir).parts)
         except ValueError:
             parts = list(Path(where).parts[-2:])
-        if parts[:1] == ["checkpoints"] and len(parts) > 1:
+        if parts[:1] == [RunLayout.CHECKPOINTS] and len(parts) > 1:
             epoch = re.match(r"\.?(epoch-\d+)", parts[1])
-            parts = ["checkpoints", epoch.group(1) if epoch else parts[1]]
+            parts = [RunLayout.CHECKPOINTS, epoch.group(1) if epoch else parts[1]]
         what = f"{WRITING}{'/'.join(parts[:2])}"
     return f"{RUN_DIR_FULL}{what}", "free disk space on that node, then resume"
 
 
 def ended_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / runs.rank_file(rank, "ended")
+    return RunLayout(run_dir).rank_file(rank, RankFile.ENDED)
 
 
 def mark_ended(run_dir: Path, rank: int) -> None:
@@ -173,14 +175,14 @@ def mark_ended(run_dir: Path, rank: int) -> None:
 
 
 def ended(run_dir: Path) -> list[int]:
-    return sorted(r for r in (runs.rank_of(p.name, "ended") for p in run_dir.glob("rank.*.ended")) if r is not None)
+    return sorted(RunLayout(run_dir).rank_files(RankFile.ENDED))
 
 
 def read_all(run_dir: Path, warn: Callable[[str], None] = lambda line: None) -> list[Failure]:
     """Every readable record, the cause first (a rank that ended early, else the earliest); a
     damaged record is skipped rather than blamed, with a line to ``warn`` naming it."""
     found = []
-    for p in sorted(run_dir.glob("rank.*.failure.json")):
+    for p in sorted(run_dir.glob(RunLayout.rank_name("*", RankFile.FAILURE))):
         try:
             data = untrusted.check(untrusted.load(p), SCHEMA)
             record = Failure(**{k: data[k] for k in Failure.__dataclass_fields__ if k in data})
@@ -189,7 +191,7 @@ def read_all(run_dir: Path, warn: Callable[[str], None] = lambda line: None) -> 
         except ValueError as exc:
             warn(f"{p} is damaged ({exc}): left out of the failure report")
             continue
-        if record.rank == runs.rank_of(p.name, "failure.json"):  # one rank cannot speak for another
+        if record.rank == RunLayout.rank_of(p.name, RankFile.FAILURE):  # one rank cannot speak for another
             found.append(record)
     return in_order(found)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from edgetrain.shared import untrusted
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 from edgetrain.shared.untrusted import NUMBER, ListOf, MapOf, Maybe, Obj
 
 # 1: the first versioned record (before it, the same fields without "schema").
@@ -127,10 +128,10 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: Any, run_id: str) -> RunRecord:
         if not isinstance(data, dict):
-            raise EdgetrainError(f"run {run_id}'s run.json is not a record")
+            raise EdgetrainError(f"run {run_id}'s {RunLayout.RECORD} is not a record")
         schema = data.get("schema", 0)
         if not isinstance(schema, int) or schema > SCHEMA:
-            raise EdgetrainError(f"run {run_id}'s run.json has schema {schema}, this edgetrain reads up to {SCHEMA}",
+            raise EdgetrainError(f"run {run_id}'s {RunLayout.RECORD} has schema {schema}, this edgetrain reads up to {SCHEMA}",
                                  "read it with the edgetrain that wrote it, or a newer one")
         try:
             untrusted.check(data, RUN_JSON)
@@ -142,7 +143,7 @@ class RunRecord:
             known["schema"] = SCHEMA
             return cls(**known)
         except ValueError as exc:
-            raise EdgetrainError(f"run {run_id}'s run.json is damaged ({exc})",
+            raise EdgetrainError(f"run {run_id}'s {RunLayout.RECORD} is damaged ({exc})",
                                  "restore it from a copy (edgetrain collect keeps one), or remove the run") from None
 
 

@@ -1,4 +1,5 @@
-"""Run directories: ``runs/<run-id>/`` with run.json, metrics.jsonl, rank.N.log and checkpoints/."""
+"""Run directories (``runs/<run-id>/``, laid out by edgetrain.shared.layout): creating, finding,
+locking and reading them."""
 
 from __future__ import annotations
 
@@ -17,32 +18,16 @@ from typing import Any
 
 from edgetrain.shared import checkpoints, untrusted
 from edgetrain.shared.errors import EdgetrainError, UsageError
+from edgetrain.shared.layout import RankFile, RunLayout
 from edgetrain.shared.record import NEXT, RunRecord
 from edgetrain.shared.record import Status as Status  # re-exported: callers name a run's states runs.Status
 from edgetrain.shared.untrusted import NUMBER
 
 
 SCHEMA = 1  # of what ``runs list --json`` and ``runs show --json`` print
-# Rank 0's list of the files its program wrote, in the run directory (read by ``collect``).
-OUTPUTS = "outputs.json"
 # In a container: uid:gid of the node's login user, whom the ranks run as so that the node's run
 # directory stays that user's (written by the controller, read by the worker).
 RUN_AS = "/etc/edgetrain/user"
-
-
-# What each rank leaves in its run directory: its log, its failure record, the mark that its script returned.
-RANK_FILES = ("log", "failure.json", "ended")
-
-
-def rank_file(rank: int, kind: str) -> str:
-    return f"rank.{rank}.{kind}"
-
-
-def rank_of(name: str, kind: str) -> int | None:
-    """The rank a file of a run directory is named for (``rank.3.log`` of kind ``log``); None for
-    a name that is not a rank's, whatever a node sent."""
-    m = re.fullmatch(rf"rank\.(0|[1-9][0-9]{{0,5}})\.{re.escape(kind)}", name)
-    return int(m.group(1)) if m else None
 
 
 def default_root() -> Path:
@@ -75,43 +60,23 @@ def write_anew(path: Path, data: bytes, mode: int = 0o644, durable: bool = True)
 
 
 @dataclass(frozen=True)
-class Run:
-    path: Path
+class Run(RunLayout[Path]):
+    """A run directory on this machine: its paths, and its record, metrics and lock."""
 
     @property
     def id(self) -> str:
         return self.path.name
-
-    @property
-    def info_file(self) -> Path:
-        return self.path / "run.json"
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS
 
     def append_metrics(self, records: list[dict[str, Any]]) -> None:
         """Rank 0's records, a line each."""
         with checkpoints.naming(self.metrics_file), open(self.metrics_file, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def machinefile(self) -> Path:
-        """Hydra's ``host:slots`` lines for this attempt (what the host runtime's mpirun reads)."""
-        return self.path / "machinefile"
-
-    def log(self, rank: int) -> Path:
-        return self.path / rank_file(rank, "log")
-
     def record(self) -> RunRecord:
         try:
             data = untrusted.load(self.info_file)
         except (OSError, ValueError) as exc:
-            raise EdgetrainError(f"run {self.id} has no readable run.json ({exc})") from None
+            raise EdgetrainError(f"run {self.id} has no readable {self.RECORD} ({exc})") from None
         return RunRecord.from_json(data, self.id)
 
     def write(self, before: RunRecord | None, **changes: Any) -> RunRecord:
@@ -168,10 +133,6 @@ class Run:
                 except ValueError as exc:
                     found.append((n, str(exc)))
         return found
-
-    @property
-    def lock_file(self) -> Path:
-        return self.path / ".lock"
 
     def lock(self) -> RunLock:
         """Hold the run for this process's life (or until released): a second run or resume of it
@@ -236,8 +197,8 @@ class Run:
 
     def logs(self) -> list[Path]:
         """The rank logs, by rank; a name that is not a rank's (``rank.x.log``) is not one."""
-        found = {rank_of(p.name, "log"): p for p in self.path.glob("rank.*.log")}
-        return [found[rank] for rank in sorted(r for r in found if r is not None)]
+        found = self.rank_files(RankFile.LOG)
+        return [found[rank] for rank in sorted(found)]
 
 
 class RunLock:
@@ -303,13 +264,13 @@ def create(root: Path, job: str, run_id: str | None = None) -> Run:
             if run_id:
                 raise EdgetrainError(f"run {run_id} exists already in {root}", "submit it anew, or continue it with --resume") from None
             continue
-        (path / "checkpoints").mkdir()
-        return Run(path)
+        run = Run(path)
+        run.checkpoints.mkdir()
+        return run
     raise EdgetrainError(f"could not create a new run directory in {root}")
 
 
-METRICS = "metrics.jsonl"
-# What each kind of metrics.jsonl record must hold (an epoch's has no ``kind``): the fields that
+# What each kind of metrics record must hold (an epoch's has no ``kind``): the fields that
 # ``runs``, bench and the plots read, with their types. A script's own figures travel along unread.
 NONE = type(None)
 METRIC_RECORDS = {
@@ -329,7 +290,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def find(root: Path, run_id: str) -> Run:
     """A run by id, or by a unique prefix of it (plain characters only: never a path or a pattern)."""
-    return Run(find_dir(root, run_id, ("run.json",)))
+    return Run(find_dir(root, run_id, (Run.RECORD,)))
 
 
 def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
@@ -354,7 +315,7 @@ def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
 def all_runs(root: Path) -> list[Run]:
     if not root.is_dir():
         return []
-    return sorted((Run(p) for p in root.iterdir() if (p / "run.json").is_file()), key=lambda r: r.id)
+    return sorted((r for r in map(Run, root.iterdir()) if r.info_file.is_file()), key=lambda r: r.id)
 
 
 @dataclass(frozen=True)
@@ -382,7 +343,7 @@ def summarize(run: Run) -> Summary:
         job, status = "?", Status.DAMAGED
         problems.append(str(exc))
     metrics = run.metrics()
-    problems += [f"run {run.id}: metrics.jsonl line {n} is damaged ({why}; left out)" for n, why in run.damaged_metrics()]
+    problems += [f"run {run.id}: {run.METRICS} line {n} is damaged ({why}; left out)" for n, why in run.damaged_metrics()]
     last = metrics[-1] if metrics else {}
     newest = None
     for ckpt_dir in sorted(run.checkpoints.glob(f"{checkpoints.PREFIX}*"), reverse=True) if run.checkpoints.is_dir() else []:

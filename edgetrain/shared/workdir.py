@@ -52,7 +52,6 @@ DEFAULT_MAX_BYTES = 256 * 1024**2
 # Every file is a tar member, a store entry and a hard link in each run's view, and a copy in each
 # rank's working copy: a folder of tens of thousands is a dataset or a mistake, not a project.
 DEFAULT_MAX_FILES = 10_000
-MANIFEST = "workdir.json"
 # The working copy is the login user's alone: a shipped file keeps only its owner's bits.
 PRIVATE_BITS = 0o700
 

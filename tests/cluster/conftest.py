@@ -281,7 +281,7 @@ class Cluster:
         return self.bed.ssh(n, f"ls -1 {path} 2>/dev/null; true").stdout.split()
 
     def run_json(self, run_id: str) -> dict:
-        return json.loads((self.runs / run_id / "run.json").read_text())
+        return json.loads(runs.Run(self.runs / run_id).info_file.read_text())
 
     def metrics(self, run_id: str) -> list[dict]:
         """The run's epochs, as rank 0's node gave them back."""

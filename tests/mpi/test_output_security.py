@@ -59,7 +59,7 @@ def test_what_a_program_reports_and_its_run_records_is_never_markup(tmp_path):
     assert "training [/job] [bold]mine on 1 ranks, 3 steps per epoch" in r.stdout
     run = only_run(root)
     # A script's own metric, named as Keras names it, is a column of runs show.
-    (run.path / runs.METRICS).write_text(json.dumps({"epoch": 1, "loss": 0.5, "acc[/top5]": 0.9}) + "\n")
+    run.metrics_file.write_text(json.dumps({"epoch": 1, "loss": 0.5, "acc[/top5]": 0.9}) + "\n")
     show = edgetrain("runs", "show", run.id, "--runs-dir", str(root), env={"COLUMNS": "200"})
     assert show.returncode == 0, show.stdout + show.stderr
     assert "mylib [/v]1.2" in show.stdout and "acc[/top5]" in show.stdout

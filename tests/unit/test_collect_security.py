@@ -12,6 +12,7 @@ from edgetrain.controller import collect
 from edgetrain.shared import checkpoints, runs
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 
 
 def save(d: Path) -> None:
@@ -32,7 +33,7 @@ def test_outputs_json_naming_files_outside_the_run_is_refused(tmp_path, run):
     (run.path / "work").mkdir()
     (run.path / "work" / "model.txt").write_text("mine\n")
     digest = sha256_file(bait)
-    (run.path / runs.OUTPUTS).write_text(json.dumps({"work": {"model.txt": sha256_file(run.path / "work" / "model.txt"),
+    (run.path / RunLayout.OUTPUTS_LIST).write_text(json.dumps({"work": {"model.txt": sha256_file(run.path / "work" / "model.txt"),
                                                               "../../bait.txt": digest, str(bait): digest},
                                                      "outputs": {}}))
     dest = tmp_path / "dest"

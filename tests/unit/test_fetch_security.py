@@ -24,6 +24,7 @@ from edgetrain.controller import remote
 from edgetrain.controller.remote import Nodes
 from edgetrain.shared import failures, runs
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 
 from .test_restarts import _driven
 
@@ -53,7 +54,7 @@ def test_a_node_gives_back_only_its_own_ranks_files(tmp_path):
         nodes.fetch(LOCAL, str(node), runtimes.node_files(plan, plan.hosts[1]), dest)
     assert sorted(p.name for p in dest.iterdir()) == ["rank.1.log"]
     assert runtimes.node_files(plan, plan.head) == ["rank.0.log", "rank.0.failure.json", "rank.0.ended", "metrics.jsonl",
-                                                    runs.OUTPUTS]
+                                                    RunLayout.OUTPUTS_LIST]
 
 
 def test_names_that_are_not_a_ranks_are_ignored_not_a_crash(tmp_path):

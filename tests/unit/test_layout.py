@@ -5,14 +5,21 @@ function (a lazy import runs all the same once its function does); only an impor
 checking (under ``if TYPE_CHECKING:``) never runs. The controller never loads rank code - nor
 TensorFlow through it -, the shared part depends on neither side, and no modules import each
 other round in a circle, not even for type checking (such a circle is two modules that cannot be
-read apart)."""
+read apart). And one module, edgetrain.shared.layout, spells the names in a run directory: no
+other in edgetrain/ or lab/ does."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+from edgetrain.controller.containers import RUN_MOUNT
+from edgetrain.shared.layout import RankFile, RunLayout
+
 PACKAGE = Path(__file__).resolve().parents[2] / "edgetrain"
+LAB = PACKAGE.parent / "lab"
+LAYOUT = PACKAGE / "shared" / "layout.py"
 RANK_SIDE = ("edgetrain.rank", "edgetrain.callbacks", "edgetrain.ddp", "edgetrain.gpu", "edgetrain.optimizers", "edgetrain.tracing")
 FRAMEWORKS = ("tensorflow", "torch", "keras", "horovod", "mpi4py")
 # What ``imported`` names for an import it cannot name: by a string computed at run time, or through
@@ -144,3 +151,91 @@ def test_the_checks_see_an_import_made_by_a_string_or_through_the_job_registry(t
 def test_every_module_has_its_place():
     loose = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert loose == ["__init__.py", "__main__.py", "callbacks.py", "ddp.py", "gpu.py", "optimizers.py", "tracing.py"]
+
+
+# Every name in a run directory, as RunLayout declares them: its upper-case class attributes, the
+# start of every rank file's name ("rank.", not after a dot: edgetrain.rank.lease is a module), and
+# a kind with a dot ("failure.json", which a rank file's temporary name holds after a dot).
+RANK_PREFIX = RunLayout.RANK_FILE.split("{")[0]
+NAMES = sorted({v for k, v in vars(RunLayout).items() if k.isupper() and isinstance(v, str) and "{" not in v}
+               | {RANK_PREFIX} | {k.value for k in RankFile if "." in k.value})
+# A name with a dot is a file's name whatever text holds it, a message's included; one without
+# counts as a directory of a path ("checkpoints", "x/checkpoints/", "work/"). Of those, a name that
+# is also a record's field or a command's counts only where a "/" makes the text a path.
+DOTTED = [n for n in NAMES if "." in n and n != RANK_PREFIX]
+DIRS = [n for n in NAMES if "." not in n]
+FIELDS = ("ranks", "data", "outputs")
+
+
+def _spelled(text: str, absolute_ok: bool) -> list[str]:
+    """The run-directory names ``text`` spells. A whole absolute path (``absolute_ok``) is outside
+    every run directory - a run directory is reached from a root the code is given - except under
+    a container's mount of one."""
+    if absolute_ok and text.startswith("/") and not text.startswith(RUN_MOUNT):
+        return []
+    found = [n for n in DOTTED if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text)]
+    found += [RANK_PREFIX] if re.search(rf"(?<![\w.-]){re.escape(RANK_PREFIX)}", text) else []
+    parts = text.split("/")
+    return found + [n for n in DIRS if n in parts and (len(parts) > 1 or n not in FIELDS)]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+
+
+def spelled_names(module: Path) -> list[tuple[int, str, str]]:
+    """(line, text, name) for each string literal of ``module`` that spells a run-directory name;
+    docstrings, prose for readers, are left out. A piece of an f-string is a path's piece, never
+    a whole absolute path."""
+    tree = ast.parse(module.read_text())
+    pieces = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    skipped = _docstrings(tree)
+    return sorted((node.lineno, node.value, name) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped
+                  for name in _spelled(node.value, absolute_ok=id(node) not in pieces))
+
+
+def test_only_the_layout_module_spells_a_run_directorys_names():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {text!r} spells {name!r}"
+             for root in (PACKAGE, LAB) for path in sorted(root.rglob("*.py")) if path != LAYOUT
+             for line, text, name in spelled_names(path)]
+    assert found == [], "use edgetrain.shared.layout.RunLayout:\n" + "\n".join(found)
+
+
+def test_the_names_check_sees_paths_messages_and_pieces_of_f_strings(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('''"""Writes run.json and checkpoints/."""
+import os
+a = run_dir / "checkpoints"
+b = f"{node_dir}/checkpoints/{epoch}"
+c = f"rank.{rank}.log"
+d = "no readable run.json (damaged)"
+e = ["metrics.jsonl", "rank.*.failure.json", "work"]
+f = f"{d}/.lease/renewed"
+g = {"ranks": 2, "outputs": [], "data": "x", "ended": None}
+h = ("edgetrain.rank.lease", "/etc/edgetrain/machinefile", "/edgetrain/data", "checkpoints 1 verified", "bench.json")
+i = "/edgetrain/run/.lock"
+j = os.path.join(x, "ranks/3")
+''')
+    assert sorted((line, name) for line, _, name in spelled_names(module)) == [
+        (3, "checkpoints"), (4, "checkpoints"), (5, "rank."), (6, "run.json"), (7, "failure.json"), (7, "metrics.jsonl"),
+        (7, "rank."), (7, "work"), (8, ".lease"), (8, "renewed"), (11, ".lock"), (12, "ranks")]
+    assert {"run.json", "metrics.jsonl", "checkpoints", "work", "outputs", "outputs.json", "workdir.json", ".lease",
+            "failure.json", "rank."} <= set(NAMES)
+
+
+def test_the_layout_keeps_the_names_kept_run_directories_hold():
+    """Renaming one would orphan every run directory written before: their names, spelled out."""
+    here, node = RunLayout(Path("r")), RunLayout.posix("/home/pi/runs/r/")
+    assert [str(p) for p in (here.info_file, here.metrics_file, here.checkpoints, here.machinefile, here.lock_file,
+                             here.workdir_manifest, here.outputs_list, here.tensorboard, here.data, here.work(), here.outputs(),
+                             here.work(3), here.outputs(3), here.log(2), here.rank_file(2, RankFile.FAILURE),
+                             here.rank_file(2, RankFile.ENDED))] == [
+        "r/run.json", "r/metrics.jsonl", "r/checkpoints", "r/machinefile", "r/.lock", "r/workdir.json", "r/outputs.json",
+        "r/tensorboard", "r/data", "r/work", "r/outputs", "r/ranks/3/work", "r/ranks/3/outputs", "r/rank.2.log",
+        "r/rank.2.failure.json", "r/rank.2.ended"]
+    assert (str(node.lease_dir), str(node.lease)) == ("/home/pi/runs/r/.lease", "/home/pi/runs/r/.lease/renewed")
+    assert [RunLayout.rank_of(n, RankFile.LOG) for n in ("rank.0.log", "rank.12.log", "rank.01.log", "rank.x.log", "rank.1.ended")] == \
+        [0, 12, None, None, None]

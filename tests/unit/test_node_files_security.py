@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edgetrain.controller import containers, node_store
-from edgetrain.shared import workdir
+from edgetrain.shared.layout import RunLayout
 from tests.conftest import edgetrain, project_script
 
 
@@ -49,7 +49,7 @@ os.symlink({str(elsewhere)!r}, data)
     assert first.returncode == 0, first.stderr
     [staged] = [line for line in first.stdout.splitlines() if line.startswith("datasets staged: ['")]  # one to replace
     [run_dir] = [p for p in (isolated / "runs").iterdir() if not p.name.startswith(".")]
-    assert (run_dir / workdir.MANIFEST).is_symlink() and (run_dir / "data").is_symlink()
+    assert (run_dir / RunLayout.WORKDIR_MANIFEST).is_symlink() and (run_dir / "data").is_symlink()
 
     resumed = edgetrain("run", str(script), "--np", "1", "--resume", run_dir.name)
     assert resumed.returncode == 0, resumed.stderr

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from edgetrain.shared import checkpoints, runs, untrusted, workdir
+from edgetrain.shared import checkpoints, runs, untrusted
 from edgetrain.shared.datasets import sha256_file
 from edgetrain.shared.errors import EdgetrainError
+from edgetrain.shared.layout import RunLayout
 from tests.conftest import assert_one_line_error, edgetrain, project_script
 
 
@@ -129,17 +130,17 @@ def test_a_resume_passes_over_a_manifest_whose_digest_would_add_lines_to_the_che
 
 
 def test_an_outputs_json_nested_too_deep_is_named_by_show_and_refused_by_collect(root, tmp_path):
-    (root / BAD / runs.OUTPUTS).write_text('{"work": {}, "outputs": ' + DEEP + "}")
+    (root / BAD / RunLayout.OUTPUTS_LIST).write_text('{"work": {}, "outputs": ' + DEEP + "}")
     shown = edgetrain("runs", "show", BAD, "--runs-dir", str(root), env={"COLUMNS": "200"})
     assert shown.returncode == 0 and "program: lenet" in shown.stdout, shown.stderr
-    assert shown.stderr.strip().splitlines() == [f"edgetrain: warning: {root / BAD / runs.OUTPUTS} is damaged (it nests deeper than "
+    assert shown.stderr.strip().splitlines() == [f"edgetrain: warning: {root / BAD / RunLayout.OUTPUTS_LIST} is damaged (it nests deeper than "
                                                  f"{untrusted.MAX_DEPTH} levels) - collect again after a resume, or copy the run "
                                                  "directory by hand"]
     assert_one_line_error(edgetrain("collect", BAD, "--dest", str(tmp_path / "dest"), "--runs-dir", str(root)),
-                          f"{runs.OUTPUTS} is damaged (it nests deeper than")
-    (root / BAD / runs.OUTPUTS).write_text('{"work": {"a": "x"}, "outputs": {}}')
+                          f"{RunLayout.OUTPUTS_LIST} is damaged (it nests deeper than")
+    (root / BAD / RunLayout.OUTPUTS_LIST).write_text('{"work": {"a": "x"}, "outputs": {}}')
     assert_one_line_error(edgetrain("collect", BAD, "--dest", str(tmp_path / "dest"), "--runs-dir", str(root)),
-                          f"{runs.OUTPUTS} is damaged (work['a'] is not a sha256")
+                          f"{RunLayout.OUTPUTS_LIST} is damaged (work['a'] is not a sha256")
 
 
 PLANTS_A_BAD_RECORD = """
@@ -177,7 +178,7 @@ def test_a_link_in_work_or_outputs_is_not_collected_and_is_named(root, tmp_path)
     (run / "outputs" / "dir").symlink_to(elsewhere)
     (run / "tensorboard" / "events").symlink_to(secret)
     digest = sha256_file(secret)
-    (run / runs.OUTPUTS).write_text(json.dumps({"work": {"model.txt": sha256_file(run / "work" / "model.txt"), "link.txt": digest},
+    (run / RunLayout.OUTPUTS_LIST).write_text(json.dumps({"work": {"model.txt": sha256_file(run / "work" / "model.txt"), "link.txt": digest},
                                                 "outputs": {"dir/key": sha256_file(elsewhere / "key")}}))
     dest = tmp_path / "dest"
     got = edgetrain("collect", BAD, "--dest", str(dest), "--runs-dir", str(root))
@@ -231,13 +232,13 @@ def test_a_run_json_tmp_that_is_a_link_is_replaced_not_written_through(root, tmp
 def test_a_shipped_manifest_nested_too_deep_is_named_by_show_and_refused_by_collect(root, tmp_path):
     # Without outputs.json (rank 0 killed before it listed them), outputs are found against what was shipped.
     (root / BAD / "work").mkdir()
-    (root / BAD / workdir.MANIFEST).write_text('{"root": "/p", "files": ' + DEEP + "}")
+    (root / BAD / RunLayout.WORKDIR_MANIFEST).write_text('{"root": "/p", "files": ' + DEEP + "}")
     shown = edgetrain("runs", "show", BAD, "--runs-dir", str(root), env={"COLUMNS": "200"})
     assert shown.returncode == 0 and "program: lenet" in shown.stdout, shown.stderr
-    assert shown.stderr.strip().splitlines() == [f"edgetrain: warning: {root / BAD / workdir.MANIFEST} is damaged (it nests deeper than "
+    assert shown.stderr.strip().splitlines() == [f"edgetrain: warning: {root / BAD / RunLayout.WORKDIR_MANIFEST} is damaged (it nests deeper than "
                                                  f"{untrusted.MAX_DEPTH} levels) - copy the run directory by hand"]
     assert_one_line_error(edgetrain("collect", BAD, "--dest", str(tmp_path / "dest"), "--runs-dir", str(root)),
-                          f"{workdir.MANIFEST} is damaged (it nests deeper than")
+                          f"{RunLayout.WORKDIR_MANIFEST} is damaged (it nests deeper than")
 
 
 def test_the_runs_directorys_write_test_writes_through_no_link(tmp_path, monkeypatch):

@@ -251,7 +251,7 @@ class Bench:
         if outcome.state is not runs.Status.COMPLETED:
             self.log(f"  {n} node{'s' if n > 1 else ''}, try {attempt}: run {run.id} {outcome.state.value}: {outcome.why}")
         elif not epochs:
-            raise EdgetrainError(f"run {run.id} recorded no img/s in metrics.jsonl",
+            raise EdgetrainError(f"run {run.id} recorded no img/s in {run.METRICS}",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
         reached = runs.first_reaching(run, self.target_accuracy) if self.target_accuracy is not None else None
