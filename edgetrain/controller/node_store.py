@@ -17,6 +17,7 @@ KEEP...`` - views of runs not kept, then the files no view links to.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -117,22 +118,29 @@ def view(store: str, view_dir: str, digests: set[str]) -> None:
     """Make ``view_dir`` hold exactly these files of the store, as hard links."""
     store_fd, view_fd = private_dir(store), private_dir(view_dir)
     try:
+        # Two stagings of one view may run at once (two inventory names for one machine): whatever
+        # the other removed or linked first is taken as done, where it is the store's own file.
         for name in os.listdir(view_fd):
             if name not in digests:
-                os.unlink(name, dir_fd=view_fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=view_fd)
         for digest in sorted(digests):
             if not DIGEST.match(digest):
                 raise Refused(f"{digest}: not a sha256")
             try:
-                if not stat.S_ISREG(os.stat(digest, dir_fd=store_fd, follow_symlinks=False).st_mode):
-                    raise Refused(f"{digest} in {store} is not a regular file")
+                kept = os.stat(digest, dir_fd=store_fd, follow_symlinks=False)
             except FileNotFoundError:
                 raise Refused(f"{digest} left {store} while the run was staged (pruned?)") from None
-            try:
+            if not stat.S_ISREG(kept.st_mode):
+                raise Refused(f"{digest} in {store} is not a regular file")
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(digest, dir_fd=view_fd)
-            except FileNotFoundError:
-                pass
-            os.link(digest, digest, src_dir_fd=store_fd, dst_dir_fd=view_fd, follow_symlinks=False)
+            try:
+                os.link(digest, digest, src_dir_fd=store_fd, dst_dir_fd=view_fd, follow_symlinks=False)
+            except FileExistsError:
+                there = os.stat(digest, dir_fd=view_fd, follow_symlinks=False)
+                if (there.st_dev, there.st_ino) != (kept.st_dev, kept.st_ino):
+                    raise
         os.fsync(view_fd)
     finally:
         os.close(store_fd)

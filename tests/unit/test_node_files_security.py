@@ -6,7 +6,10 @@ the real CLI on the host runtime, the real shell command a node runs, and the re
 
 from __future__ import annotations
 
+import hashlib
+import multiprocessing
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -122,3 +125,24 @@ def test_pruning_removes_an_old_view_without_following_a_link_inside_it(tmp_path
     aged(view)
     assert node_store.prune(str(tmp_path / "runs"), set(), time.time()) == (0, 0, 1)
     assert not view.exists() and os.listdir(elsewhere) == ["kept.txt"]
+
+
+def test_two_stagings_of_one_view_at_once_both_succeed(tmp_path):
+    """Two inventory names for one machine stage the same view at the same time (tests/mpi's
+    localhost and loopback once failed on it with EEXIST): each takes what the other linked first,
+    and the view ends holding exactly the run's files, each the store's own."""
+    store, view = tmp_path / "store", tmp_path / "views" / "r1"
+    store.mkdir()
+    digests = set()
+    for k in range(200):
+        data = f"file {k}\n".encode()
+        digest = hashlib.sha256(data).hexdigest()
+        (store / digest).write_bytes(data)
+        digests.add(digest)
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(5):
+        with ctx.Pool(2) as pool:
+            pool.starmap(node_store.view, [(str(store), str(view), digests)] * 2)
+        assert set(os.listdir(view)) == digests
+        assert all((view / d).stat().st_ino == (store / d).stat().st_ino for d in digests)
+        shutil.rmtree(view)
