@@ -149,6 +149,7 @@ class Storm:
     procs: list[subprocess.Popen] = field(default_factory=list)
     injected: list[Injected] = field(default_factory=list)
     rid: str = ""
+    head_bytes: int = 0  # the head's runs directory for the storm: preflight's minimum and every checkpoint, with room to spare
 
     # -- the run's processes
 
@@ -303,11 +304,11 @@ class Storm:
     @contextlib.contextmanager
     def head_disk(self) -> Iterator[None]:
         """The head's runs directory a file system of its own for the storm (so that filling it
-        fills no real disk): room for preflight's minimum and the run's checkpoints."""
+        fills no real disk): room for preflight's minimum beside every checkpoint of the run, so that
+        each resume passes preflight."""
         mount, user = self.mount_ns(), pwd.getpwnam(self.bed.state.login_user)
         run(*mount, "runuser", "-u", user.pw_name, "--", "mkdir", "-p", self.node_runs)
-        size = preflight.MIN_FREE_DISK + 3 * 1024**3 // 2
-        run(*mount, "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", self.node_runs)
+        run(*mount, "mount", "-t", "tmpfs", "-o", f"size={self.head_bytes},mode=0700,uid={user.pw_uid},gid={user.pw_gid}", "tmpfs", self.node_runs)
         try:
             yield
         finally:
@@ -462,15 +463,18 @@ def table(storm: Storm) -> list[str]:
     return lines
 
 
-def paced(bed: Testbed, inventory: str, env: dict[str, str], recipe: tuple[str, ...]) -> float:
-    """Seconds an epoch of ``recipe`` takes on the cluster: a short run's last two epochs."""
-    probe = Storm(bed, inventory, env, "", ())
+def paced(bed: Testbed, inventory: str, env: dict[str, str], node_runs: str, recipe: tuple[str, ...]) -> tuple[float, int]:
+    """What an epoch of ``recipe`` takes on the cluster: its seconds (a short run's last two
+    epochs) and its checkpoint's bytes on the head."""
+    probe = Storm(bed, inventory, env, node_runs, ())
     probe.start(["run", "lenet", "-i", inventory, *recipe, "--epochs", "3"])
     if probe.proc.wait(timeout=900) != 0:
         raise StormError(f"the pace run failed: {probe.tail()}")
     probe.said.caught_up()
     times = [t for t, _ in probe.epochs()]
-    return (times[-1] - times[0]) / (len(times) - 1)
+    rid = next(m.group(1) for line in probe.said.out if (m := re.match(r"run (\S+): logs", line)))
+    held = run(*probe.mount_ns(), "du", "-sb", str(runs.Run(Path(node_runs) / rid).checkpoints)).stdout.split()[0]
+    return (times[-1] - times[0]) / (len(times) - 1), int(held) // len(times)
 
 
 def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, node_runs: str, seed: int, minutes: float,
@@ -481,10 +485,12 @@ def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, nod
     links = sum(p.kind is Kind.LINK for p in plan)
     recipe: tuple[str, ...] = ("--np", str(len(nodes)), *(("--max-steps", str(max_steps)) if max_steps else ()), "--seed", str(seed),
                                "--holdout", "6000")
-    epoch_s = paced(bed, inventory, env, recipe)
-    recipe += ("--epochs", str(max(4, round(TRAINING * minutes * 60 / epoch_s))))
-    log(f"an epoch takes {epoch_s:.1f} s: {recipe[-1]} epochs, about {TRAINING * minutes:g} min of training undisturbed")
-    st = Storm(bed, inventory, env, node_runs, (*recipe, "--max-restarts", str(links + 1), "--rejoin"), log=log)
+    epoch_s, checkpoint = paced(bed, inventory, env, node_runs, recipe)
+    epochs = max(4, round(TRAINING * minutes * 60 / epoch_s))
+    recipe += ("--epochs", str(epochs))
+    log(f"an epoch takes {epoch_s:.1f} s and {checkpoint / 1e6:.0f} MB of checkpoint: {epochs} epochs, about {TRAINING * minutes:g} min of training undisturbed")
+    st = Storm(bed, inventory, env, node_runs, (*recipe, "--max-restarts", str(links + 1), "--rejoin"), log=log,
+               head_bytes=preflight.MIN_FREE_DISK + epochs * checkpoint * 5 // 4 + 64 * 1024**2)
     log(f"storm seed {seed}: " + "; ".join(f"{p.kind.value} on {p.node} after {p.after_s:.0f} s" for p in plan))
     before = {n.name: n.cgroup.pids() for n in bed.state.nodes}
     namespaces = run("ip", "netns", "list").stdout
