@@ -1,8 +1,11 @@
 """A seeded storm of faults over one long run on the testbed's container cluster, as a real
 cluster meets them one after another: a worker's container killed, a worker's link cut and
 restored, a node's CPU quota cut to a quarter for a minute, the rank-0 node's disk filled then
-freed, the controller killed. The run has --max-restarts and --rejoin; where a fault ends it, the
-storm does what a user would: runs the command its last line (or ``runs show``) gives.
+freed, the controller killed. The run has --max-restarts and --rejoin, so a lost worker (its
+container or its link) is left out and taken back by the run itself; where a fault ends the run
+(the disk, the controller), the storm does what a user would: runs the command its last line (or
+``runs show``) gives. A node's CPU cut to a quarter (of its quota, or of its share of the machine)
+ends nothing: it is slowness, to be lived with.
 
 The schedule - which faults, on which node, after how much training since the last one was over -
 is drawn from the seed. After the run: it completed; every checkpoint verifies against its
@@ -130,6 +133,7 @@ class Injected:
     planned: Planned
     at: float  # monotonic
     noticed: float | None = None  # the run said so, or ended
+    settled: float | None = None  # what the fault brought is over: the run resumed, the node taken back, the CPU given back
     back: float | None = None  # training again: its next epoch line after recovery
     how: str = ""  # what the run said, or what the storm did about it
     lost_s: float | None = None
@@ -217,48 +221,58 @@ class Storm:
         self.injected.append(done)
         {Kind.CONTAINER: self._container, Kind.LINK: self._link, Kind.CPU: self._cpu, Kind.DISK: self._disk,
          Kind.CONTROLLER: self._controller}[planned.kind](done)
-        done.back = self.epoch_after(max(done.noticed or done.at, done.at))
+        done.back = self.epoch_after(done.settled or done.at)
         return done
-
-    def _failed_then_resumed(self, done: Injected, expect: str) -> None:
-        code, last = self.ended()
-        done.noticed = self.said.said("edgetrain: error:") or time.monotonic()
-        if code != 1 or expect not in last:
-            raise StormError(f"{done.planned.kind.value} on {done.planned.node}: exit {code}, expected {expect!r} in: {last}")
-        done.how = f"the run ended naming it; resumed: {self.resume_as_user(last)}"
 
     def _container(self, done: Injected) -> None:
         run(*self.node(done.planned.node).docker_cli, "kill", f"edgetrain-{self.rid}")
-        self._failed_then_resumed(done, f"on {done.planned.node}")
+        self._left_out_then_back(done, "the kill")
 
     def _link(self, done: Injected) -> None:
         n = self.node(done.planned.node)
-        restart = f"restarting on {', '.join(x.name for x in self.bed.state.nodes if x.name != n.name)}"
         run("ip", "link", "set", n.veth, "down")
         try:
-            deadline = time.monotonic() + NOTICE_S
-            while (said := self.said.said(restart, since=done.at)) is None:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise StormError(f"no restart without {n.name} within {NOTICE_S:.0f} s of its link cut: {self.tail()}")
-                time.sleep(0.5)
-            done.noticed = self.said.said(f"edgetrain: {n.name}: unreachable", since=done.at) or said
+            self._left_out(done, "the cut")
             time.sleep(done.planned.hold_s)
         finally:
             run("ip", "link", "set", n.veth, "up")
             self.bed.wait_ssh(n, timeout=60)
-        deadline = time.monotonic() + BACK_S
-        while (back := self.said.said(f"{n.name} answers again", since=done.at)) is None:
+        done.how += f"; link down {done.planned.hold_s:.0f} s more"
+        self._taken_back(done, "the cut")
+
+    def _left_out_then_back(self, done: Injected, cause: str) -> None:
+        self._left_out(done, cause)
+        self._taken_back(done, cause)
+
+    def _left_out(self, done: Injected, cause: str) -> None:
+        """Under --max-restarts a lost worker (its container gone, its link dark) is left out: the
+        run restarts on the nodes left."""
+        name = done.planned.node
+        restart = f"restarting on {', '.join(x.name for x in self.bed.state.nodes if x.name != name)}"
+        deadline = time.monotonic() + NOTICE_S
+        while (said := self.said.said(restart, since=done.at)) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise StormError(f"{n.name} was not taken back within {BACK_S:.0f} s: {self.tail()}")
+                raise StormError(f"no restart without {name} within {NOTICE_S:.0f} s of {cause}: {self.tail()}")
             time.sleep(0.5)
-        done.how = f"restarted without {n.name} {said - done.at:.0f} s after the cut; link down {done.planned.hold_s:.0f} s more; " \
-                   f"taken back {back - done.at:.0f} s after the cut"
-        done.noticed = back  # training is back once the attempt with it trains
+        done.noticed = min(said, self.said.said(f"edgetrain: {name}:", since=done.at) or said)
+        done.how = f"restarted without {name} {said - done.at:.0f} s after {cause}"
+
+    def _taken_back(self, done: Injected, cause: str) -> None:
+        """With --rejoin the node is taken back once it answers and its old container has ended."""
+        name = done.planned.node
+        deadline = time.monotonic() + BACK_S
+        while (back := self.said.said(f"{name} answers again", since=done.at)) is None:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise StormError(f"{name} was not taken back within {BACK_S:.0f} s: {self.tail()}")
+            time.sleep(0.5)
+        done.how += f"; taken back {back - done.at:.0f} s after {cause}"
+        done.settled = back
 
     def _cpu(self, done: Injected) -> None:
         group = self.node(done.planned.node).cgroup
         quota, period = group.quota()
-        quarter = (quota if quota > 0 else int(machine_cores() * period)) // 4
+        # A node without a quota of its own has its share of the machine: a quarter of that.
+        quarter = (quota if quota > 0 else int(machine_cores() * period / len(self.bed.state.nodes))) // 4
         group.limit(quarter, period)
         try:
             deadline = done.at + QUARTER_S
@@ -269,7 +283,7 @@ class Storm:
         finally:
             group.limit(quota, period) if quota > 0 else group.unlimit()
         done.how = f"{quarter / period:.2f} cores for {QUARTER_S:.0f} s, then {'its quota' if quota > 0 else 'unlimited'} again"
-        done.noticed = time.monotonic()
+        done.settled = time.monotonic()
 
     def _disk(self, done: Injected) -> None:
         mount = self.mount_ns()
@@ -286,6 +300,7 @@ class Storm:
         if code != 1 or expect not in last:
             raise StormError(f"rank-0 disk full: exit {code}, expected {expect!r} in: {last}")
         done.how = f"the run ended naming it; the filler removed; resumed: {self.resume_as_user(last)}"
+        done.settled = time.monotonic()
 
     def _controller(self, done: Injected) -> None:
         self.proc.kill()  # SIGKILL: the laptop is gone, nothing of edgetrain's runs
@@ -297,6 +312,7 @@ class Storm:
         if "status abandoned" not in shown.stdout or not line:
             raise StormError(f"runs show after the controller was killed: {shown.stdout[-1000:]}{shown.stderr[-500:]}")
         done.how = f"runs show said abandoned; resumed: {self.resume_as_user(line)}"
+        done.settled = time.monotonic()
 
     def mount_ns(self) -> list[str]:
         return ["nsenter", "-t", str(self.bed.state.head.sshd_pid), "--mount"]
@@ -404,7 +420,7 @@ def ended_as_faulted(storm: Storm, attempts: list[dict]) -> list[str]:
     expect: list[str] = []
     for f in storm.injected:
         node = f.planned.node
-        expect += {Kind.CONTAINER: [f"on {node} failed"], Kind.LINK: [f"{node} lost", f"take back {node}"], Kind.CPU: [],
+        expect += {Kind.CONTAINER: [f"{node} lost", f"take back {node}"], Kind.LINK: [f"{node} lost", f"take back {node}"], Kind.CPU: [],
                    Kind.DISK: ["disk is full"], Kind.CONTROLLER: ["abandoned"]}[f.planned.kind]
     expect.append("completed")
     shown = subprocess.run([sys.executable, "-m", "edgetrain", "runs", "show", storm.rid], capture_output=True, text=True, cwd=ROOT,
@@ -482,14 +498,14 @@ def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, nod
     """The seed's storm of about ``minutes`` over one run: its checks, and the lines that report it."""
     nodes = [n.name for n in bed.state.nodes]
     plan = draw(seed, faults, minutes, nodes[0], nodes[1:])
-    links = sum(p.kind is Kind.LINK for p in plan)
+    restarts = sum(p.kind in (Kind.LINK, Kind.CONTAINER) for p in plan)
     recipe: tuple[str, ...] = ("--np", str(len(nodes)), *(("--max-steps", str(max_steps)) if max_steps else ()), "--seed", str(seed),
                                "--holdout", "6000")
     epoch_s, checkpoint = paced(bed, inventory, env, node_runs, recipe)
     epochs = max(4, round(TRAINING * minutes * 60 / epoch_s))
     recipe += ("--epochs", str(epochs))
     log(f"an epoch takes {epoch_s:.1f} s and {checkpoint / 1e6:.0f} MB of checkpoint: {epochs} epochs, about {TRAINING * minutes:g} min of training undisturbed")
-    st = Storm(bed, inventory, env, node_runs, (*recipe, "--max-restarts", str(links + 1), "--rejoin"), log=log,
+    st = Storm(bed, inventory, env, node_runs, (*recipe, "--max-restarts", str(restarts + 1), "--rejoin"), log=log,
                head_bytes=preflight.MIN_FREE_DISK + epochs * checkpoint * 5 // 4 + 64 * 1024**2)
     log(f"storm seed {seed}: " + "; ".join(f"{p.kind.value} on {p.node} after {p.after_s:.0f} s" for p in plan))
     before = {n.name: n.cgroup.pids() for n in bed.state.nodes}
