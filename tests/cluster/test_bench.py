@@ -106,7 +106,9 @@ def test_bench_times_each_node_alone_and_run_by_speed_takes_those_rates(cluster,
     """On the mixed cluster (node1 an emulated Pi 5, node2 and node3 Pi 4s: conftest's ``mixed``),
     `edgetrain bench` times each node alone, one after another, and `run --batch-by speed` sizes the
     batches by those measured rates rather than the inventory's declared edgetrain_speed."""
-    inventory = cluster.docker_inventory("mixed.yml", head_slots=1)
+    # An inventory of its own: the newest bench of lenet on it wins over edgetrain_speed, and
+    # tests/cluster/test_mixed.py's runs by speed on mixed.yml take the declared speeds.
+    inventory = cluster.docker_inventory("mixed-benched.yml", head_slots=1)
     short = ("--epochs", "1", "--max-steps", "32", "--steps-per-execution", "4")
     r = edgetrain("bench", "lenet", "-i", inventory, "--nodes", "3", "--repeat", "1", *short, env=cluster.env, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
