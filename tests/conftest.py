@@ -180,12 +180,18 @@ def isolated(tmp_path, monkeypatch):
     return tmp_path
 
 
-def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, in its own process."""
+def edgetrain(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None,
+              module: str = "edgetrain") -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in its own process (``module``: the lab's command instead)."""
     return subprocess.run(
-        [sys.executable, "-m", "edgetrain", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd or ROOT,
     )
+
+
+def lab_bench(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`edgetrain bench` as the lab runs it on emulated nodes (lab/emulated_bench.py)."""
+    return edgetrain(*args, env=env, timeout=timeout, module="lab.emulated_bench")
 
 
 def loopback_pair(where: Path, speeds: tuple[int, int] | None = None) -> Path:

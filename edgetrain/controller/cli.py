@@ -8,7 +8,7 @@ import os
 import shlex
 import signal
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -227,9 +227,20 @@ def _report(started: launch.Launch, outcome: launch.Outcome) -> None:
     raise EdgetrainError(f"run {started.run.id}: {who}", f"logs in {started.run.path}; resume with: {started.resume_command}")
 
 
+@dataclass(frozen=True)
+class BenchCall:
+    """What a program that runs `bench` through ``main`` hands it as the context's obj: E(N)'s one
+    node, and the command bench.json records. The lab's emulated nodes share one machine, so it
+    asks for concurrent one-node runs (lab/emulated_bench.py); real nodes share nothing."""
+
+    reference: bench_runner.Reference
+    command: tuple[str, ...]
+
+
 @app.command(cls=_Launching, context_settings={"help_option_names": ["-h", "--help"]})
 @with_job_options("bench", programs.parse_options)
 def bench(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(metavar="SCRIPT|JOB", help="A built-in job (lenet, fashion) or your script (it must use edgetrain.callbacks, or edgetrain.ddp with --strategy torch).")] = "lenet",
     script_args: Annotated[list[str] | None, typer.Argument(metavar="[-- SCRIPT ARGS...]", help="Passed to your script unchanged.")] = None,
     inventory: InventoryOpt = None,
@@ -238,7 +249,6 @@ def bench(
     repeat: Annotated[int, typer.Option(help="Runs per number of nodes (their median is reported).")] = 3,
     gradient_mb: Annotated[float | None, typer.Option(help="Scripts: the gradient's size in MB (parameters x 4 / 1e6) for the allreduce measurement.")] = None,
     strategy: StrategyOpt = DEFAULT,
-    reference: Annotated[bench_runner.Reference, typer.Option(help="E(N)'s one node: alone, or (concurrent) at each N, N one-node runs at once - for nodes that share a machine, as emulated ones do.")] = bench_runner.Reference.ALONE,
     master_port: MasterPortOpt = configs.PORT_FLAGS["master_port"],
     max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
     min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
@@ -247,13 +257,14 @@ def bench(
     options: JobOptions = JobOptions(),
 ) -> None:
     """Measure how training scales on the cluster (one rank per node), predict it first, plot it."""
+    call = ctx.obj if isinstance(ctx.obj, BenchCall) else BenchCall(bench_runner.Reference.ALONE, ("edgetrain", *sys.argv[1:]))
     if gradient_mb is not None and not gradient_mb > 0:
         raise UsageError(f"--gradient-mb {gradient_mb} must be a positive number of megabytes")
     config = bench_runner.configured(target, list(script_args or []), options, strategy=strategy, master_port=master_port,
                                      restarts=configs.RestartPolicy(max_restarts, min_nodes), inventory=inventory, group=group,
-                                     runs_dir=runs_dir, command=("edgetrain", *sys.argv[1:]), log=_say)
+                                     runs_dir=runs_dir, command=call.command, log=_say)
     b = bench_runner.Bench(config, options, nodes=bench_runner.parse_nodes(nodes), repeat=repeat,
-                           gradient_bytes=int(gradient_mb * 1e6) if gradient_mb else None, reference=reference,
+                           gradient_bytes=int(gradient_mb * 1e6) if gradient_mb else None, reference=call.reference,
                            sync_candidates=bench_runner.parse_nodes(sync_candidates, "--sync-candidates", "--sync-every value"))
     points = b.run()
     goal = b.target_accuracy
@@ -605,7 +616,8 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def main(args: list[str] | None = None, obj: object = None) -> None:
+    """The CLI on ``args`` (default: this process's), each command's context holding ``obj``."""
     # `kill -USR1 <pid>` prints every thread's stack to stderr: how a command that seems stuck is diagnosed.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # A program killed while it held this terminal (an ssh) can leave it non-blocking, which breaks
@@ -617,7 +629,7 @@ def main() -> None:
             pass
     # Typer's standalone mode handles its own usage errors (exit 2); ours become one line here.
     try:
-        app()
+        app(args=args, obj=obj)
     except EdgetrainError as exc:
         err_console.print(shown(f"edgetrain: error: {exc}"), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

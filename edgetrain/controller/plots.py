@@ -96,7 +96,7 @@ def bench_figure(benches: list[tuple[str, BenchRecord]]):
             bars = list(zip(*(_spread(v, getattr(p, key)) for v, p in zip(tries, shown, strict=True)), strict=True)) or None
             ax.errorbar([p.nodes for p in shown], [getattr(p, key) for p in shown], yerr=bars, color=colour, marker="o",
                         capsize=3, label=label)
-        # N x the one-node rate E(N) divides by (bench --reference concurrent: N's own; older benches: N = 1's).
+        # N x the one-node rate E(N) divides by (concurrent references: N's own; else N = 1's).
         one = next((p.images_per_sec for p in points if p.nodes == 1), None)
         refs = {p.nodes: p.reference or one for p in points}
         ideal = [(n, n * ref) for n, ref in refs.items() if ref]

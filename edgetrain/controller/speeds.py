@@ -48,8 +48,8 @@ class NodeSpeeds:
             undeclared = ", ".join(h for h, v in declared.items() if v in (None, ""))
             raise UsageError(f"--batch-by speed needs each node's speed: no bench of {program} on this inventory timed {unmeasured} "
                              f"alone, and {undeclared} set no {INVENTORY_VAR}",
-                             f"run edgetrain bench {program} --reference concurrent (with the same -i), or set {INVENTORY_VAR} "
-                             "on every host (e.g. its img/s), or drop --batch-by speed")
+                             f"run edgetrain bench {program} (with the same -i: it times each node alone), "
+                             f"or set {INVENTORY_VAR} on every host (e.g. its img/s), or drop --batch-by speed")
         log(f"--batch-by speed: from {source}: " + ", ".join(f"{h} {rates[h]:,.4g}" for h in hosts))
         ranks = tuple(rates[h.name] / n for h, n in placement.ranks for _ in range(n))
         return replace(placement, speeds=ranks, speeds_from=source)
@@ -57,16 +57,17 @@ class NodeSpeeds:
 
 def from_bench(bench: BenchRecord | None, root: Path) -> NodeSpeeds:
     """Each node's one-node img/s in a bench (None: no bench): the median of its one-node runs
-    beside the most others (``--reference concurrent`` at its largest N, which times each of those
-    nodes under the same neighbours), or with none beside others those run alone. A run's node is
-    the trial's own ``host`` where recorded, else its run record's; a run that cannot be read is
-    passed over."""
+    beside the most others (the lab's concurrent references at its largest N, which time each of
+    those nodes under the same neighbours); with none beside others, of its (t) run that timed each
+    node alone, else of the N-loop's one-node runs. A run's node is the trial's own ``host`` where
+    recorded, else its run record's; a run that cannot be read is passed over."""
     if bench is None:
         return NodeSpeeds()
     ones = [t for t in bench.trials if t.nodes == 1 and t.images_per_sec]
     most = max((t.beside for t in ones), default=0)
+    timed = [t for t in ones if t.beside == most] if most or bench.each_node is None else bench.each_node
     found: dict[str, list[float]] = {}
-    for t in (t for t in ones if t.beside == most):
+    for t in timed:
         host = t.host
         if host is None:
             try:

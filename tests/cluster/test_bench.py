@@ -4,9 +4,9 @@ The functional test keeps every run tiny and asserts what bench records, not how
 The `bench`-marked test is the benchmark itself (emulated Pi 4 nodes, the job to its target
 accuracy, three tries per N): `pytest -m bench tests/cluster/test_bench.py`, with
 EDGETRAIN_TESTBED_NODES=4 for N = 1..4, EDGETRAIN_TESTBED_LINK_MBIT for slower links,
-EDGETRAIN_BENCH_JOB for another job (fashion) and EDGETRAIN_BENCH_ARGS for bench's options
-(default "--epochs 4"; "--epochs 1 --repeat 1" measures E(N) against the prediction, no target;
-the one-node reference is N concurrent one-node runs unless they name a --reference).
+EDGETRAIN_BENCH_JOB for another job (fashion) and EDGETRAIN_BENCH_ARGS for the options of the lab's
+bench, lab/emulated_bench.py (default "--epochs 4"; "--epochs 1 --repeat 1" measures E(N) against the
+prediction, no target; the one-node reference is N concurrent one-node runs unless they name a --reference).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab import headline
-from tests.conftest import ROOT, edgetrain
+from tests.conftest import ROOT, edgetrain, lab_bench
 
 
 JOB = os.environ.get("EDGETRAIN_BENCH_JOB", "lenet")
@@ -33,7 +33,7 @@ def _bench_dir(out: str) -> Path:
 
 
 def test_bench_measures_allreduce_predicts_chooses_and_plots_and_run_takes_its_choice(cluster):
-    r = edgetrain("bench", "lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
+    r = lab_bench("lenet", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1", "--epochs", "1",
                   "--max-steps", "8", "--target-accuracy", "0.2", "--reference", "concurrent", "--sync-candidates", "1,4",
                   env=cluster.env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -102,6 +102,35 @@ def _the_choice_is_measured_on_the_nodes_and_run_takes_it(cluster, d: Path, body
             f"on 2 nodes by {choice['by']}") in r.stdout
 
 
+def test_bench_times_each_node_alone_and_run_by_speed_takes_those_rates(cluster, mixed, report):
+    """On the mixed cluster (node1 an emulated Pi 5, node2 and node3 Pi 4s: conftest's ``mixed``),
+    `edgetrain bench` times each node alone, one after another, and `run --batch-by speed` sizes the
+    batches by those measured rates rather than the inventory's declared edgetrain_speed."""
+    # An inventory of its own: the newest bench of lenet on it wins over edgetrain_speed, and
+    # tests/cluster/test_mixed.py's runs by speed on mixed.yml take the declared speeds.
+    inventory = cluster.docker_inventory("mixed-benched.yml", head_slots=1)
+    short = ("--epochs", "1", "--max-steps", "32", "--steps-per-execution", "4")
+    r = edgetrain("bench", "lenet", "-i", inventory, "--nodes", "3", "--repeat", "1", *short, env=cluster.env, timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = _bench_dir(r.stdout)
+    timed = json.loads((d / "bench.json").read_text())["each_node"]
+    assert [t["host"] for t in timed] == ["node1", "node2", "node3"] and "(t) each node alone: node1 " in r.stdout
+    for t in timed:
+        placed = cluster.run_json(t["run"])["placement"]["hosts"]
+        assert t["status"] == "completed" and [h["host"] for h in placed] == [t["host"]], placed
+    rates = {t["host"]: t["images_per_sec"] for t in timed}
+    assert rates["node1"] > max(rates["node2"], rates["node3"]), rates  # the Pi 5's quota is twice a Pi 4's
+    before = cluster.run_ids()
+    r = edgetrain("run", "lenet", "--np", "3", "-i", inventory, "--batch-by", "speed", "--epochs", "1", "--max-steps", "4",
+                  env=cluster.env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"--batch-by speed: from bench {d.name}: node1 " in r.stdout, r.stdout[-3000:]
+    placement = cluster.run_json(cluster.new_run(before))["placement"]
+    assert placement["speeds"] == [rates[h] for h in ("node1", "node2", "node3")] and sum(placement["batches"]) == 3 * 64
+    report["bench (t) on pi5 + 2 x pi4 (pessimistic bracket), img/s alone"] = ", ".join(f"{h} {v:,.0f}" for h, v in rates.items())
+    assert not cluster.leftovers()
+
+
 def test_a_torch_script_is_benched_with_torchs_own_allreduce_across_the_nodes(cluster):
     script = ROOT / "tests" / "scripts" / "torch" / "with_extras.py"
     r = edgetrain("bench", str(script), "--strategy", "torch", "-i", cluster.inventory, "--nodes", "1,2", "--repeat", "1",
@@ -124,10 +153,10 @@ def test_scaling_on_emulated_pi4_nodes(cluster, emulated, conditions, report):
     refusal = headline.tuning_refusal(BENCH_ARGS)  # docs/scaling.md's protocol: tuning never sees the reported split
     if refusal:
         pytest.fail(f"EDGETRAIN_BENCH_ARGS: {refusal}")
-    # The emulated nodes share this machine: E(N)'s one node is N one-node runs at once, unless the
-    # arguments say otherwise (a bench to accuracy, whose ratios are to one node's time, may spare them).
-    reference = [] if "--reference" in BENCH_ARGS else ["--reference", "concurrent"]
-    r = edgetrain("bench", JOB, "-i", cluster.inventory, *BENCH_ARGS, *reference, env=cluster.env, timeout=4 * 3600)
+    # The emulated nodes share this machine: the lab's bench takes E(N)'s one node from N one-node runs
+    # at once, unless the arguments say otherwise (a bench to accuracy, whose ratios are to one node's
+    # time, may spare them with --reference alone).
+    r = lab_bench(JOB, "-i", cluster.inventory, *BENCH_ARGS, env=cluster.env, timeout=4 * 3600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report[f"bench {JOB} {shlex.join(BENCH_ARGS)}, {conditions}"] = "\n" + r.stdout
     body = json.loads((_bench_dir(r.stdout) / "bench.json").read_text())

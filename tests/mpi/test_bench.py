@@ -8,7 +8,8 @@ import json
 import pytest
 
 from edgetrain.controller import config as configs
-from edgetrain.controller import launch
+from edgetrain.controller import launch, speeds
+from edgetrain.controller.bench import record
 from edgetrain.shared import runs
 from edgetrain.controller.strategies import STRATEGIES
 from edgetrain.controller.program import Program
@@ -154,6 +155,10 @@ def test_bench_chooses_how_often_to_sync_and_run_takes_its_choice(tmp_path):
     # The points are the N-loop's: N = 2 has its one every-step try.
     assert [len(p["trials"]) for p in body["points"]] == [1, 1]
     assert f"(s) chose --sync-every {choice['sync_every']} --sync-mode {choice['sync_mode']} on 2 nodes" in r.stdout
+    # (t): then each node timed alone, in turn: the rates --batch-by speed takes.
+    assert [(t["nodes"], t["host"], t["status"]) for t in body["each_node"]] == [(1, "localhost", "completed"), (1, "loopback", "completed")]
+    measured = speeds.from_bench(record.read(bench_dir / "bench.json"), root).measured
+    assert measured == {t["host"]: t["images_per_sec"] for t in body["each_node"]} and all(v > 0 for v in measured.values())
 
     r = edgetrain("run", "lenet", "-i", str(inv), "--np", "2", "--epochs", "1", "--max-steps", "8", "--sync-every", "auto",
                   "--runs-dir", str(root), timeout=600)

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from edgetrain.controller import speeds
 from edgetrain.controller.bench import model, record, runner
 from edgetrain.shared import jobs, runs
 from edgetrain.controller.program import JobOptions
@@ -391,7 +392,7 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     # Weights reach the target sooner in these tries, though accumulating trains faster.
     figures = {(1, "grads"): (250.0, 100.0), (4, "grads"): (470.0, 75.0), (4, "weights"): (450.0, 60.0)}
 
-    def train(n, attempt, on=None, beside=0, sync=None):
+    def train(n, attempt, on=None, beside=0, sync=None, timing=False):
         k, mode = (sync.sync_every, sync.sync_mode.value) if sync else (1, "grads")
         ran.append((n, attempt, k, mode))
         ips, seconds = figures[(k, mode)]
@@ -404,7 +405,7 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     points = b.run()
     # Each mode's best-predicted K right after the N-loop's own try, at every N > 1, in every try.
     each = [(1, "grads"), (4, "grads"), (4, "weights")]
-    assert ran == [(n, a, k, m) for a in (1, 2) for n in (1, 2, 3) for (k, m) in (each[:1] if n == 1 else each)]
+    assert ran == [(n, a, k, m) for a in (1, 2) for n in (1, 2, 3) for (k, m) in (each[:1] if n == 1 else each)] + [(1, 1, 1, "grads")] * 3
     assert b.choice == record.SyncChoice(4, SyncMode.WEIGHTS, 3, "time to the target", 900.0, 58.5)
     body = json.loads((b.dir / "bench.json").read_text())
     assert body["sync_choice"] == {"sync_every": 4, "sync_mode": "weights", "nodes": 3, "by": "time to the target",
@@ -418,6 +419,39 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     # The points are the N-loop's alone: the candidates' tries are not medians of any N.
     assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
     assert record.latest(tmp_path / "runs", "lenet", None, chosen=True).sync_choice == b.choice
+
+
+@pytest.mark.parametrize(("reference", "nodes", "timed"), [
+    (runner.Reference.ALONE, [1, 2], True),
+    (runner.Reference.ALONE, [1], False),  # the N-loop's one-node runs timed the only node
+    (runner.Reference.CONCURRENT, [1, 2], False),  # its one-node runs side by side timed each node
+])
+def test_each_node_is_timed_alone_in_turn_after_the_loop_and_run_by_speed_takes_those_rates(tmp_path, monkeypatch, reference, nodes, timed):
+    """(t): a bench on more than one node times each node's own rate for --batch-by speed, one node
+    after another, each a short one-node run of the job; bench.json keeps these apart from the tries."""
+    b = _bench("lenet", runs_dir=tmp_path / "runs", options=JobOptions(epochs=4), repeat=1, reference=reference)
+    b.nodes, b.hosts = nodes, [replace(b.hosts[0], name=name) for name in ("pi5", "pi4")]
+    rates = {None: 250.0, "pi5": 500.0, "pi4": 240.0}
+    ran = []
+
+    def train(n, attempt, on=None, beside=0, sync=None, timing=False):
+        ran.append((n, on, timing))
+        return record.Trial(n, f"run-{len(ran)}", rates[on] * (n - beside), None, None, "completed", beside=beside, host=on)
+
+    monkeypatch.setattr(b, "train", train)
+    monkeypatch.setattr(b, "measure_allreduce", lambda n, nbytes: model.Allreduce(n, nbytes, 0.1, 0.05, 0.01, "r"))
+    b.run()
+    bench = record.read(b.dir / "bench.json")
+    if not timed:
+        assert bench.each_node is None and not any(timing for *_, timing in ran)
+        return
+    assert ran == [(1, None, False), (2, None, False), (1, "pi5", True), (1, "pi4", True)]
+    assert [t.run for t in bench.trials] == ["run-1", "run-2"] and [t.run for t in bench.each_node] == ["run-3", "run-4"]
+    assert dict(speeds.from_bench(bench, tmp_path / "runs").measured) == {"pi5": 500.0, "pi4": 240.0}
+    # (t)'s run: one epoch of the job's first steps, not to the target; a script would run as given.
+    args = list(b.program_for(1, timing=True).args)
+    assert args[args.index("--epochs") + 1] == "1" and args[args.index("--max-steps") + 1] == str(runner.TIMING_STEPS)
+    assert "--target-accuracy" not in args and "--target-accuracy" in b.program_for(1).args
 
 
 def test_sync_every_auto_is_bounded_by_the_steps_of_an_epoch_and_says_so(tmp_path):
@@ -471,8 +505,13 @@ def test_a_damaged_field_is_refused_when_bench_json_is_read_and_such_a_bench_pas
 
 
 def test_a_kept_bench_reads_into_its_record_and_writes_back_the_same_json(tmp_path):
-    written = [f.name for f in dataclasses.fields(record.BenchRecord) if f.metadata.get("written", True)]
-    kept = [p for p in sorted(KEPT.rglob("*-bench-*.json")) if list(json.loads(p.read_text())) == written]
+    fields = [f for f in dataclasses.fields(record.BenchRecord) if f.metadata.get("written", True)]
+    optional = {f.name for f in fields if not f.metadata.get("written_if_none", True)}  # a bench.json may lack them
+
+    def written(body: dict) -> list[str]:
+        return [f.name for f in fields if f.name in body or f.name not in optional]
+
+    kept = [p for p in sorted(KEPT.rglob("*-bench-*.json")) if list(body := json.loads(p.read_text())) == written(body)]
     assert len(kept) >= 8  # every bench kept since bench.json took its present form
     for path in kept:
         bench = record.read(path)

@@ -61,6 +61,17 @@ def test_one_node_runs_beside_the_most_others_are_taken_over_those_alone():
     assert dict(speeds.from_bench(body, None).measured) == {"pi5": 400.0, "pi4": 200.0, "pi4b": 210.0}
 
 
+def test_each_node_timed_alone_is_taken_over_the_n_loops_one_node_runs_and_those_beside_others_over_both():
+    tries = [trial("r1", 800.0, host="pi5"), trial("r2", 790.0, host="pi5")]
+    each_node = [trial("t1", 500.0, host="pi5"), trial("t2", 250.0, host="pi4")]
+    timed = replace(bench(tries), each_node=BenchRecord.from_json({"points": None, "each_node": each_node}).each_node)
+    assert dict(speeds.from_bench(timed, None).measured) == {"pi5": 500.0, "pi4": 250.0}
+    assert dict(speeds.from_bench(bench(tries), None).measured) == {"pi5": 795.0}  # an older bench: the first node's only
+    beside = replace(timed, trials=(*timed.trials, *bench([trial("c1", 400.0, beside=1, host="pi5"),
+                                                             trial("c2", 200.0, beside=1, host="pi4")]).trials))
+    assert dict(speeds.from_bench(beside, None).measured) == {"pi5": 400.0, "pi4": 200.0}
+
+
 def test_without_a_bench_of_every_node_the_inventory_speeds_are_used_and_shared_by_a_nodes_ranks():
     known = speeds.NodeSpeeds({"pi5": 500.0}, "b")  # pi4 was never timed alone: the bench is not mixed in
     plan = known.placed(placed((host("pi5", 2, edgetrain_speed=200), 2), (host("pi4", edgetrain_speed="100"), 1)), "lenet", lambda line: None)
@@ -71,7 +82,7 @@ def test_a_run_with_no_speed_for_some_node_is_refused_naming_the_nodes():
     with pytest.raises(UsageError) as caught:
         speeds.NodeSpeeds().placed(placed((host("pi5", edgetrain_speed=2), 1), (host("pi4"), 1)), "lenet", lambda line: None)
     assert "no bench of lenet on this inventory timed pi5, pi4 alone, and pi4 set no edgetrain_speed" in str(caught.value)
-    assert "edgetrain bench lenet --reference concurrent" in caught.value.fix
+    assert caught.value.fix.startswith("run edgetrain bench lenet (with the same -i: it times each node alone), or set edgetrain_speed")
 
 
 def test_equal_batches_tell_the_ranks_nothing():

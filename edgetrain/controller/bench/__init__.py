@@ -8,9 +8,9 @@ script with ``--strategy torch``):
   (c) the job on each N, ``--repeat`` times, interleaved (1, 2, .. N, 1, 2, ..), try k seeded
       ``--seed`` + k - 1 at every N: the median img/s, E(N) = R(N) / (N R(1)), the share of a step
       above one node's (what allreduce and waiting add), and the time to the target accuracy.
-      With ``--reference concurrent``, R(1) at each N is N one-node runs at once, one on each of the
-      N nodes: nodes that share a machine (an emulated cluster) then give the reference the same
-      neighbours as the N-node run;
+      With concurrent references (the lab's bench of emulated nodes asks for them), R(1) at each N
+      is N one-node runs at once, one on each of the N nodes: nodes that share a machine then give
+      the reference the same neighbours as the N-node run;
   (d) before any multi-node run, E(N) predicted from (a) and (b): a rank's step is one node's
       compute time plus what of the allreduce (as measured on these nodes, so its CPU cost on a
       slow node is in it, not only the link) and of Horovod's cycle (DDP has none) the backward pass does not
@@ -29,6 +29,9 @@ script with ``--strategy torch``):
       N-loop's hour and seed); once the loop is done, the choice at the largest N - the shortest
       median time to the target, or without one the most img/s - recorded in ``bench.json`` for
       ``edgetrain run --sync-every auto``;
+  (t) once the loop is done, each node's own rate for ``run --batch-by speed``: a short one-node
+      run (a job's first ``TIMING_STEPS`` steps; a script as given) on each node in turn, unless
+      only the first node was benched or concurrent references timed every node;
   (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 

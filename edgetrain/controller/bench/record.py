@@ -57,7 +57,7 @@ SCHEMA = untrusted.Obj(
      "hosts": _STRINGS, "repeat": (int,), "reference": (str,), "target_accuracy": _FIGURE, "fp16": (bool,),
      "sync_every": (int,), "sync_mode": _SYNC_MODE, "busy_cores": _FIGURE, "allreduce": untrusted.ListOf(_ALLREDUCE),
      "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES), "predicted_range": untrusted.MapOf(_RANGE, _NODES),
-     "trials": untrusted.ListOf(_TRIAL), "sync_candidates": untrusted.ListOf(_CANDIDATE),
+     "trials": untrusted.ListOf(_TRIAL), "each_node": untrusted.Maybe(untrusted.ListOf(_TRIAL)), "sync_candidates": untrusted.ListOf(_CANDIDATE),
      "sync_choice": untrusted.Maybe(_CHOICE), "seconds": untrusted.NUMBER})
 
 
@@ -152,6 +152,8 @@ class BenchRecord:
     predicted_efficiency: Mapping[int, float | None] = field(default_factory=dict)
     predicted_range: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     trials: tuple[Trial, ...] = ()
+    # (t): a short one-node run on each node in turn (None: not timed so, as in older benches).
+    each_node: tuple[Trial, ...] | None = field(default=None, metadata=_WHERE_KNOWN)
     points: tuple[Point, ...] | None = None  # None until the N-loop is done
     sync_candidates: tuple[SyncCandidate, ...] = ()
     sync_choice: SyncChoice | None = None
@@ -172,6 +174,8 @@ class BenchRecord:
         known["predicted_efficiency"] = {int(n): e for n, e in (body.get("predicted_efficiency") or {}).items()}
         known["predicted_range"] = {int(n): (lo, hi) for n, (lo, hi) in (body.get("predicted_range") or {}).items()}
         known["trials"] = tuple(Trial.from_json(t) for t in body.get("trials") or ())
+        each = body.get("each_node")
+        known["each_node"] = tuple(Trial.from_json(t) for t in each) if each is not None else None
         known["sync_candidates"] = tuple(
             SyncCandidate(**{**_known(SyncCandidate, c), "predicted_range": _pair(c["predicted_range"]), "runs": tuple(c.get("runs") or ())})
             for c in body.get("sync_candidates") or ())

@@ -1,4 +1,4 @@
-"""The bench's runs: the allreduce probes, the job at every N, the --sync-every candidates (the package's docstring says which, in what order)."""
+"""The bench's runs: the allreduce probes, the job at every N, the --sync-every candidates, each node alone (the package's docstring says which, in what order)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import EdgetrainError, Interrupted, UsageError
 from edgetrain.shared.strategies import DEFAULT
 from edgetrain.shared.sync import Sync, SyncMode
+
+
+# (t)'s runs: enough steps for evaluations past the first execution's tracing, short beside a try.
+TIMING_STEPS = 64
 
 
 class Reference(str, Enum):
@@ -166,6 +170,7 @@ class Bench:
         self.sync_predicted: dict[int, list[SyncCandidate]] = {}  # (s), by N
         self.candidates: list[SyncCandidate] = []  # (s), at every N: predicted, and measured where tried
         self.choice: SyncChoice | None = None
+        self.each_node: list[Trial] | None = None  # (t), once timed
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
@@ -220,13 +225,16 @@ class Bench:
             out = ""
         return out + (f", test accuracy {trial.test_accuracy:.4f}" if trial.test_accuracy is not None else "")
 
-    def program_for(self, n: int, attempt: int = 1, sync: Sync | None = None) -> Program:
+    def program_for(self, n: int, attempt: int = 1, sync: Sync | None = None, timing: bool = False) -> Program:
         """The job as it runs on ``n`` nodes in try ``attempt``: timed to the target, evaluated four
         times an epoch unless told, and seeded by the try - the same seed at every N, so each try
-        compares N on one trajectory and the median is over several, not over one replayed."""
+        compares N on one trajectory and the median is over several, not over one replayed. With
+        ``timing``, (t)'s run: one epoch of at most TIMING_STEPS steps, not to the target."""
         if self.program.job is None:
             return self.program
         o = self.options
+        if timing:
+            o = replace(o, epochs=1, max_steps=min(o.max_steps or TIMING_STEPS, TIMING_STEPS))
         steps = trained_on(self.program.job.dataset, o.holdout) // n // self.batch_size()
         # An epoch cut short by --max-steps is evaluated four times too: otherwise a short run at few
         # nodes had only its last evaluation, its img/s carried the warm-up, and E(N) set it against
@@ -234,17 +242,20 @@ class Bench:
         steps = min(steps, o.max_steps) if o.max_steps else steps
         if sync is not None:
             o = replace(o, sync_every=sync.sync_every, sync_mode=sync.sync_mode)
-        return programs.resolve(self.program.name, [], replace(o, target_accuracy=self.target_accuracy, seed=self._seed(attempt),
+        return programs.resolve(self.program.name, [], replace(o, target_accuracy=None if timing else self.target_accuracy, seed=self._seed(attempt),
                                                               eval_every=o.eval_every or evaluation_interval(steps, o.steps_per_execution)))
 
     def _seed(self, attempt: int) -> int:
         return self.options.seed + attempt - 1
 
-    def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None) -> Trial:
+    def train(self, n: int, attempt: int, on: str | None = None, beside: int = 0, sync: Sync | None = None,
+              timing: bool = False) -> Trial:
         what = f"{n} node{'s' if n > 1 else ''}, try {attempt}/{self.repeat}" + (f", on {on} beside {beside} more" if on else "")
         if sync is not None:
             what += f", --sync-every {sync.sync_every} {sync.sync_mode.value}"
-        program = self.program_for(n, attempt, sync)
+        if timing:
+            what = f"{on} alone, timed"
+        program = self.program_for(n, attempt, sync, timing)
         run, outcome, _, lost = self._launch(program, n, what, on)
         metrics = run.metrics()
         epochs = [m for m in metrics if m.get("images_per_sec")]
@@ -262,7 +273,7 @@ class Bench:
         return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
                      launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
                      self._seed(attempt) if self.program.job is not None else None, lost,
-                     *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)), program.trained_with)
+                     *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)), program.trained_with, on)
 
     def train_concurrently(self, n: int, attempt: int) -> list[Trial]:
         """The one-node job on each of the first ``n`` hosts at once (each run's own threads: a run
@@ -327,6 +338,7 @@ class Bench:
                     self.try_syncs(n, attempt)
         if self.sync_candidates:
             self.choose_sync()
+        self.time_each_node()
         points = self.points()
         saved = self.save(points)
         if not any(t.status == runs.Status.COMPLETED.value for t in self.trials):
@@ -337,6 +349,19 @@ class Bench:
         except EdgetrainError as exc:  # the measurements are saved: a missing plot costs none of them
             log(f"edgetrain: warning: no plot: {exc.problem} ({exc.fix})")
         return points
+
+    def time_each_node(self) -> None:
+        """(t): each node's own rate, for ``run --batch-by speed``: a short one-node run on each node
+        in turn (a script as given), unless no node but the first was benched or concurrent
+        one-node runs timed them all."""
+        if self.nodes[-1] == 1 or self.reference_mode is Reference.CONCURRENT:
+            return
+        self.each_node = []
+        for host in self.left[:self.nodes[-1]]:
+            self.each_node.append(self.train(1, 1, on=host.name, timing=True))
+            self.save()
+        self.log("(t) each node alone: " + ", ".join(
+            f"{t.host} " + (f"{t.images_per_sec:,.0f} img/s" if t.images_per_sec else "no img/s") + f" ({t.run})" for t in self.each_node))
 
     @property
     def left(self) -> list[inventory.Host]:
@@ -473,7 +498,8 @@ class Bench:
             allreduce=tuple(self.allreduce.values()),
             predicted_efficiency={n: e.expected for n, e in self.predicted.items()},
             predicted_range={n: (e.low, e.high) for n, e in self.predicted.items()},
-            trials=tuple(self.trials), points=tuple(points) if points else None,
+            trials=tuple(self.trials), each_node=tuple(self.each_node) if self.each_node is not None else None,
+            points=tuple(points) if points else None,
             sync_candidates=tuple(self.candidates), sync_choice=self.choice, seconds=round(time.monotonic() - self.started, 1))
         record.write(self.dir, bench)
         return bench
