@@ -216,22 +216,8 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     inventories = {u: user_inventory(bed, inventory, u) for u in users}
     dirs = {u: runs_dir(bed, u) for u in users}
     jobs = [Job(p, users[p.user]) for p in plan.jobs]
-    problems: list[str] = []
-    lock = threading.Lock()
-
-    def submit_all(user: str) -> None:
-        for job in (j for j in jobs if j.user == user):
-            r = edgetrain_as(bed, user, dirs[user], "submit", "lenet", "--np", str(job.planned.nodes), "-i", inventories[user], *RECIPE)
-            m = SUBMITTED.search(r.stdout)
-            if r.returncode != 0 or m is None:
-                with lock:
-                    problems.append(f"{user}: submit refused: {(r.stdout + r.stderr).strip()[-300:]}")
-                continue
-            job.run, job.id = m.groups()
-
     log(f"seed {seed}: " + ", ".join(f"{j.user}:{j.planned.nodes}" for j in jobs) + f"; job {plan.victim + 1} loses a node")
-    with ThreadPoolExecutor(len(users)) as pool:
-        list(pool.map(submit_all, users))
+    problems = submit_all(bed, jobs, users, dirs, inventories)
     victim = jobs[plan.victim]
     if problems or not victim.id:
         return Outcome(jobs, "", victim, "not submitted", problems or ["the victim was not submitted"], [])
@@ -241,20 +227,60 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     listing.shutdown(wait=False)
     out = dirs[victim.user] / f".slurm-{pwd.getpwnam(victim.user).pw_uid}" / f"slurm-{victim.id}.out"
     record = runs.Run(dirs[victim.user] / victim.run).info_file
+    taken, fault, stuck = drain(bed, jobs, victim, out=out, record=record, pick=plan.pick, seed=seed, log=log, timeout=timeout)
+    problems += stuck
+    if not taken:
+        problems.append(f"job {victim.id} ended before its first epoch was seen: no node was taken")
+    problems += [view.result() for view in views if view.result()]
+    spans, victim_outcome, found = check_runs(bed, jobs, victim, taken, out, dirs, inventories)
+    problems += found
+    both = overlaps(spans)
+    for a, b in both:
+        problems.append(f"{a.node} held by {a.run} ({a.start:%H:%M:%S}-{a.end:%H:%M:%S}) and {b.run} "
+                        f"({b.start:%H:%M:%S}-{b.end:%H:%M:%S}) at once")
+    lines = [*summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans), len(both)), fault]
+    for line in lines:
+        log(line)
+    return Outcome(jobs, taken, victim, victim_outcome, problems, lines)
+
+
+def submit_all(bed: Testbed, jobs: list[Job], users: list[str], dirs: dict[str, Path], inventories: dict[str, str]) -> list[str]:
+    """Every user submits their jobs one after the other, the users at once (a thread each): the
+    submissions refused. A job submitted gets its run and its Slurm job id."""
+    problems: list[str] = []
+    lock = threading.Lock()
+
+    def submit(user: str) -> None:
+        for job in (j for j in jobs if j.user == user):
+            r = edgetrain_as(bed, user, dirs[user], "submit", "lenet", "--np", str(job.planned.nodes), "-i", inventories[user], *RECIPE)
+            m = SUBMITTED.search(r.stdout)
+            if r.returncode != 0 or m is None:
+                with lock:
+                    problems.append(f"{user}: submit refused: {(r.stdout + r.stderr).strip()[-300:]}")
+                continue
+            job.run, job.id = m.groups()
+
+    with ThreadPoolExecutor(len(users)) as pool:
+        list(pool.map(submit, users))
+    return problems
+
+
+def drain(bed: Testbed, jobs: list[Job], victim: Job, *, out: Path, record: Path, pick: int, seed: int,
+          log: Callable[[str], None], timeout: float) -> tuple[str, str, list[str]]:
+    """Watch the queue until every job has ended: set one of the victim's nodes (``pick`` of those
+    past its batch host) down once its job's output ``out`` shows its first epoch, resume it once
+    the victim has restarted (its ``record`` holds a second attempt) or ended. The node taken ("" if
+    none), the line saying what its fault did, and the problem if the queue outlived ``timeout``."""
     taken, down_at, back_at, fault = "", None, None, ""
+    problems: list[str] = []
     deadline = time.monotonic() + timeout
     try:
         while True:
-            seen = slurm_jobs(bed)
-            for job in jobs:
-                if job.id in seen:
-                    job.slurm = seen[job.id]
-                    if job.slurm["JobState"] == "RUNNING" and not job.nodelist:
-                        job.nodelist = job.slurm["NodeList"]
+            look(bed, jobs)
             state = victim.slurm.get("JobState")
             if not taken and state == "RUNNING" and out.is_file() and "epoch 1/3" in out.read_text(errors="replace"):
                 candidates = [n for n in _hostnames(victim.nodelist) if n != victim.slurm.get("BatchHost")]
-                taken = candidates[plan.pick % len(candidates)]
+                taken = candidates[pick % len(candidates)]
                 scontrol(bed, "update", f"nodename={taken}", "state=down", f"reason=slurm-burst seed {seed}")
                 down_at = time.monotonic()
                 log(f"{taken} set down under job {victim.id} ({victim.user}, {victim.nodelist})")
@@ -274,48 +300,67 @@ def burst(bed: Testbed, inventory: str, users: list[str], seed: int, log: Callab
     finally:
         if taken and back_at is None:
             scontrol(bed, "update", f"nodename={taken}", "state=resume")
-    if not taken:
-        problems.append(f"job {victim.id} ended before its first epoch was seen: no node was taken")
-    problems += [view.result() for view in views if view.result()]
+    return taken, fault, problems
 
+
+def look(bed: Testbed, jobs: list[Job]) -> None:
+    """Each job's record as Slurm holds it now, and its nodes as first seen running."""
+    seen = slurm_jobs(bed)
+    for job in jobs:
+        if job.id in seen:
+            job.slurm = seen[job.id]
+            if job.slurm["JobState"] == "RUNNING" and not job.nodelist:
+                job.nodelist = job.slurm["NodeList"]
+
+
+def check_runs(bed: Testbed, jobs: list[Job], victim: Job, taken: str, out: Path, dirs: dict[str, Path],
+               inventories: dict[str, str]) -> tuple[list[Held], str, list[str]]:
+    """Every run against its job's end: the spans its attempts held nodes, what became of the
+    victim (``out`` its job's output) and the problems found."""
     spans: list[Held] = []
     victim_outcome = ""
+    problems: list[str] = []
     for job in jobs:
         path = runs.Run(dirs[job.user] / job.run).info_file
         rec = json.loads(path.read_text()) if path.is_file() else {}
-        said = out.read_text(errors="replace") if job is victim and out.is_file() else ""
         if job is victim:
-            attempts = len(rec.get("attempts", []))
-            if job.slurm.get("JobState") == "COMPLETED" and attempts > 1 and taken in (rec["attempts"][1].get("excluded") or {}):
-                victim_outcome = f"restarted without {taken} and completed ({attempts} attempts)"
-            elif job.slurm.get("JobState") == "FAILED" and taken and taken in (rec.get("error") or ""):
-                victim_outcome = f"failed naming {taken}"
-            else:
-                victim_outcome = f"{job.slurm.get('JobState')}, {attempts} attempt(s)"
-                problems.append(f"job {job.id} (the node taken: {taken}) neither restarted without it nor failed naming it: "
-                                f"{victim_outcome}; {said.strip()[-400:]}")
+            victim_outcome, problem = victims_fate(job, rec, taken, out.read_text(errors="replace") if out.is_file() else "")
+            problems += [problem] if problem else []
         elif job.slurm.get("JobState") != "COMPLETED" or rec.get("status") != "completed":
             problems.append(f"job {job.id} ({job.user}) {job.slurm.get('JobState')}, run {rec.get('status')}")
         if not rec.get("ended"):
             continue
         spans += held(rec)
-        job.nodelist = job.nodelist or job.slurm.get("NodeList", "")  # ran between two looks
-        allocated = set(_hostnames(job.nodelist))
-        ran = {h.node for h in held(rec)}
-        if not ran <= allocated:
-            problems.append(f"run {job.run} ran on {sorted(ran - allocated)}, outside its allocation {job.nodelist}")
-        got = edgetrain_as(bed, job.user, dirs[job.user], "collect", job.run, "--dest", str(dirs[job.user] / "collected"),
-                           "-i", inventories[job.user])
-        if got.returncode != 0 or "verified" not in got.stdout:
-            problems.append(f"collect {job.run} ({job.user}): {(got.stdout + got.stderr).strip()[-300:]}")
-    both = overlaps(spans)
-    for a, b in both:
-        problems.append(f"{a.node} held by {a.run} ({a.start:%H:%M:%S}-{a.end:%H:%M:%S}) and {b.run} "
-                        f"({b.start:%H:%M:%S}-{b.end:%H:%M:%S}) at once")
-    lines = [*summary(jobs, len(bed.state.nodes), taken, victim, victim_outcome, len(spans), len(both)), fault]
-    for line in lines:
-        log(line)
-    return Outcome(jobs, taken, victim, victim_outcome, problems, lines)
+        problems += ran_inside_and_collected(bed, job, rec, dirs[job.user], inventories[job.user])
+    return spans, victim_outcome, problems
+
+
+def victims_fate(job: Job, rec: dict, taken: str, said: str) -> tuple[str, str]:
+    """What became of the job a node was taken from (``rec`` its run's record, ``said`` its
+    output), and the problem ("" if none): it should restart without the node or fail naming it."""
+    attempts = len(rec.get("attempts", []))
+    if job.slurm.get("JobState") == "COMPLETED" and attempts > 1 and taken in (rec["attempts"][1].get("excluded") or {}):
+        return f"restarted without {taken} and completed ({attempts} attempts)", ""
+    if job.slurm.get("JobState") == "FAILED" and taken and taken in (rec.get("error") or ""):
+        return f"failed naming {taken}", ""
+    outcome = f"{job.slurm.get('JobState')}, {attempts} attempt(s)"
+    return outcome, (f"job {job.id} (the node taken: {taken}) neither restarted without it nor failed naming it: "
+                     f"{outcome}; {said.strip()[-400:]}")
+
+
+def ran_inside_and_collected(bed: Testbed, job: Job, rec: dict, home: Path, inventory: str) -> list[str]:
+    """What is wrong with an ended run: nodes it ran on outside its Slurm allocation, a collect
+    (into ``home``/collected) that did not verify."""
+    problems: list[str] = []
+    job.nodelist = job.nodelist or job.slurm.get("NodeList", "")  # ran between two looks
+    allocated = set(_hostnames(job.nodelist))
+    ran = {h.node for h in held(rec)}
+    if not ran <= allocated:
+        problems.append(f"run {job.run} ran on {sorted(ran - allocated)}, outside its allocation {job.nodelist}")
+    got = edgetrain_as(bed, job.user, home, "collect", job.run, "--dest", str(home / "collected"), "-i", inventory)
+    if got.returncode != 0 or "verified" not in got.stdout:
+        problems.append(f"collect {job.run} ({job.user}): {(got.stdout + got.stderr).strip()[-300:]}")
+    return problems
 
 
 def _hostnames(nodelist: str) -> list[str]:

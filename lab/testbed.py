@@ -310,10 +310,15 @@ class Testbed:
         self.write_inventory()
 
     def _node_up(self, n: Node) -> None:
-        s = self.state
-        d = Path(n.dir)
-        d.mkdir(mode=0o755)
+        Path(n.dir).mkdir(mode=0o755)
         n.cgroup.create()
+        self._link_up(n)
+        self._node_files(n)
+        self._start_sshd(n)
+
+    def _link_up(self, n: Node) -> None:
+        """The node's namespace, its end of a veth pair as eth0 on the bridge, shaped where the testbed is."""
+        s = self.state
         _ip("netns", "add", n.netns)
         _ip("link", "add", n.veth, "type", "veth", "peer", "name", f"{n.veth}p")
         _ip("link", "set", f"{n.veth}p", "netns", n.netns)
@@ -330,16 +335,24 @@ class Testbed:
             run("tc", "qdisc", "add", "dev", n.veth, *tbf)
             run("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
 
+    def _node_files(self, n: Node) -> None:
+        """What the node's mount namespace shows in place of the machine's: its host key, /etc
+        files, root's authorized keys and sshd_config."""
+        d = Path(n.dir)
         run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", n.name, "-f", f"{d}/ssh_host_ed25519_key")
         (d / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{FACTORY_HOSTNAME}\n")
         (d / "hostname").write_text(FACTORY_HOSTNAME + "\n")
         (d / "etc-docker").mkdir()
         (d / "sys").mkdir()
         (d / "roothome").mkdir()
-        pub = Path(s.key + ".pub").read_text()
+        pub = Path(self.state.key + ".pub").read_text()
         (d / "root_authorized_keys").write_text(pub)
-        env = f"SetEnv DOCKER_HOST=unix://{n.docker_sock}\n" if s.docker else ""
-        (d / "sshd_config").write_text(
+        (d / "sshd_config").write_text(self._sshd_config(n))
+
+    def _sshd_config(self, n: Node) -> str:
+        d = Path(n.dir)
+        env = f"SetEnv DOCKER_HOST=unix://{n.docker_sock}\n" if self.state.docker else ""
+        return (
             f"ListenAddress {n.address}:22\n"
             f"HostKey {d}/ssh_host_ed25519_key\n"
             f"PidFile {d}/sshd.pid\n"
@@ -355,13 +368,18 @@ class Testbed:
             "Match User root\n"
             f"  AuthorizedKeysFile {d}/root_authorized_keys\n"
         )
+
+    def _node_script(self, n: Node) -> str:
+        """The shell that makes the node's mounts and hostname, then becomes its sshd."""
+        s = self.state
+        d = Path(n.dir)
         # A fresh sysfs shows this namespace's interfaces (Ansible's facts read it); the machine's
         # cgroup hierarchy is carried over so that a Docker engine can still run in the node.
         expose = "".join(
             f"mkdir -p {shlex.quote(p)}\nmount --bind -o ro {d}/roothome/{shlex.quote(p[len('/root/'):])} {shlex.quote(p)}\n"
             for p in sorted(s.expose)
         )
-        script = f"""set -e
+        return f"""set -e
 mount --bind /root {d}/roothome
 mount -t tmpfs -o mode=0711 tmpfs /root
 mount -t tmpfs -o mode=0755 tmpfs /home
@@ -376,7 +394,10 @@ if [ -d /etc/docker ]; then mount --bind {d}/etc-docker /etc/docker; fi
 hostname {FACTORY_HOSTNAME}
 exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 """
-        with open(d / "node.log", "ab") as log:  # the node's copy stays open, ours closes
+
+    def _start_sshd(self, n: Node) -> None:
+        script = self._node_script(n)
+        with open(Path(n.dir) / "node.log", "ab") as log:  # the node's copy stays open, ours closes
             proc = subprocess.Popen(
                 ["nsenter", f"--net=/var/run/netns/{n.netns}", "unshare", "--mount", "--uts",
                  "--propagation", "private", "sh", "-c", script],
@@ -587,10 +608,11 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
 
         return self.ssh(n, f"runuser -l {self.state.mpi_user} -c {quote(command)}", **kw)
 
-    def write_inventory(self, extra_vars: dict | None = None, host_vars: dict[str, dict] | None = None,
-                        name: str = "hosts.yml") -> str:
+    def _cluster_vars(self) -> dict:
+        """The cluster group's variables: the roles pointed at the testbed's own directory, and
+        told what nodes that share this machine cannot do."""
         s = self.state
-        cluster_vars = {
+        return {
             "edgetrain_arch": platform.machine(),
             "edgetrain_slots": 1,
             "edgetrain_iface": "eth0",
@@ -640,6 +662,11 @@ exec /usr/sbin/sshd -D -f {d}/sshd_config -E {d}/sshd.log
             # /usr/local/bin is the machine's own.
             "edgetrain_bin_link": "",
         }
+
+    def write_inventory(self, extra_vars: dict | None = None, host_vars: dict[str, dict] | None = None,
+                        name: str = "hosts.yml") -> str:
+        s = self.state
+        cluster_vars = self._cluster_vars()
         cluster_vars.update(extra_vars or {})
         hosts = {n.name: {"ansible_host": n.address, **self._board_vars(n), **(host_vars or {}).get(n.name, {})} for n in s.nodes}
         inv = {

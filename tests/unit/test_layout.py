@@ -6,7 +6,7 @@ checking (under ``if TYPE_CHECKING:``) never runs. The controller never loads ra
 TensorFlow through it -, the shared part depends on neither side, and no modules import each
 other round in a circle, not even for type checking (such a circle is two modules that cannot be
 read apart). And one module, edgetrain.shared.layout, spells the names in a run directory: no
-other in edgetrain/ or lab/ does."""
+other in edgetrain/ or lab/ does. No function or method there spans more than 70 lines."""
 
 from __future__ import annotations
 
@@ -146,6 +146,34 @@ def test_the_checks_see_an_import_made_by_a_string_or_through_the_job_registry(t
                                 BY_A_COMPUTED_NAME, THROUGH_THE_JOB_REGISTRY}
     assert all(n.startswith(FORBIDDEN["controller"]) for n in imported(module) - {"importlib", "edgetrain.shared", "edgetrain.shared.jobs"})
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+LONGEST = 70  # lines, from a function's def to its last line (its decorators left out)
+
+
+def long_functions(root: Path, limit: int = LONGEST) -> list[str]:
+    """Every function and method in the modules under ``root`` (nested ones too) longer than
+    ``limit`` lines, as path:line name (N lines), the path from ``root``'s parent."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (lines := node.end_lineno - node.lineno + 1) > limit:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_70_lines():
+    found = [f for root in (PACKAGE, LAB) for f in long_functions(root)]
+    assert found == [], f"over {LONGEST} lines, split into functions of one job each:\n" + "\n".join(found)
+
+
+def test_the_length_check_names_a_long_function_or_method_and_spares_one_of_70_lines(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"        x = {i}\n" for i in range(69))
+    (package / "m.py").write_text("def seventy():\n" + body + "\n\nclass C:\n    @property\n    def long(self):\n" + body + body)
+    (package / "n.py").write_text("import os\n\n\nasync def seventy_one():\n" + body + "        x = 69\n")
+    assert long_functions(package) == ["pkg/m.py:75 long (139 lines)", "pkg/n.py:4 seventy_one (71 lines)"]
 
 
 def test_every_module_has_its_place():
