@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     gale.add_argument("--faults", type=int, default=10)
     gale.add_argument("--max-steps", type=int, default=100, help="the run's steps an epoch")
     gale.add_argument("--compare", action="store_true", help="then the same seed's run undisturbed: held-out accuracy within 0.5 points")
+    gale.add_argument("--out", type=Path, help="keep the storm's figures there as JSON (docs/benches/storm/)")
     sub.add_parser("status", help="show recorded testbeds")
     cpu = sub.add_parser("cpu", help="each node's CPU over a window: training and communication threads, throttling")
     cpu.add_argument("id")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                           ["python", "-m", "lab", *(argv if argv is not None else sys.argv[1:])])
     elif args.cmd == "storm":
         load(args.id)
-        return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare)
+        return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare, args.out)
     elif args.cmd == "status":
         print(json.dumps([Testbed.load(t).status() for t in Testbed.recorded()], indent=2))
         print(f"(state under {DEFAULT_ROOT})", file=sys.stderr)
