@@ -196,11 +196,12 @@ def _storm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", type=int, default=10)
     parser.add_argument("--max-steps", type=int, default=100, help="the run's steps an epoch")
     parser.add_argument("--compare", action="store_true", help="then the same seed's run undisturbed: held-out accuracy within 0.5 points")
+    parser.add_argument("--out", type=Path, help="keep the storm's figures there as JSON (docs/benches/storm/)")
 
 
 def _storm(args: argparse.Namespace, argv: list[str]) -> int:
     load(args.id)
-    return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare)
+    return storm.run_on(args.id, args.inventory, args.seed, args.minutes, args.faults, args.max_steps, args.compare, args.out)
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:

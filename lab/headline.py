@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -24,12 +25,13 @@ from edgetrain.controller.bench import model
 from edgetrain.shared.datasets import HOLDOUT_SPLIT
 from edgetrain.shared.job_options import BY_NAME
 from edgetrain.shared.sync import Sync
-from lab import pooled
+from lab import pooled, storm
 
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "docs" / "benches"
 README = ROOT / "README.md"
 SCALING = ROOT / "docs" / "scaling.md"
+CLI = ROOT / "docs" / "cli.md"
 
 # The protocol (docs/scaling.md): tuning seeds are these, and no reported bench uses one.
 TUNING_SEEDS = range(10, 20)
@@ -276,7 +278,8 @@ CLAIMS = (
 # Each generated block sits between these lines of its file.
 BEGIN = "<!-- {}: written by python -m lab.headline from docs/benches/; edit that, not this -->"
 END = "<!-- end of {} -->"
-BLOCKS = ((README, "headline table", readme_table), (SCALING, "headline table", scaling_table))
+BLOCKS = ((README, "headline table", readme_table), (SCALING, "headline table", scaling_table),
+          (CLI, "storm table", lambda: storm.docs_table(json.loads(storm.REPORTED.read_text()))))
 
 
 def block(text: str, name: str) -> re.Match | None:

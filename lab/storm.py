@@ -374,6 +374,23 @@ class Outcome:
     injected: list[Injected]
     problems: list[str]
     lines: list[str]
+    figures: dict = field(default_factory=dict)  # what the report's lines say, as numbers: the kept JSON
+
+
+def figures(storm: Storm, plan: list[Planned], seed: int, minutes: float, epochs: int, took_s: float,
+            found: dict, compared: dict | None) -> dict:
+    """The storm's record for docs/benches/storm/: its schedule, each fault's figures, the checks."""
+    origin = storm.epochs_origin()
+    return {"seed": seed, "minutes": minutes, "epochs": epochs, "epoch_seconds": round(storm.epoch_seconds(), 2),
+            "args": list(storm.args), "run": storm.rid, "planned": len(plan), "took_seconds": round(took_s, 1),
+            "faults": [{"kind": f.planned.kind.name.lower(), "what": f.planned.kind.value, "node": f.planned.node,
+                        "at_seconds": round(f.at - origin, 1),
+                        "noticed_seconds": None if f.noticed is None or f.planned.kind is Kind.CPU else round(f.noticed - f.at, 1),
+                        "back_seconds": None if f.back is None else round(f.back - f.at, 1),
+                        "over_seconds": None if f.settled is None else round(f.settled - f.at, 1),
+                        "lost_seconds": None if f.lost_s is None else round(f.lost_s, 1), "how": f.how} for f in storm.injected],
+            "survived": sum(f.back is not None for f in storm.injected),
+            "lost_seconds": round(sum(f.lost_s or 0 for f in storm.injected), 1), **found, "compared": compared}
 
 
 def ride(storm: Storm, plan: list[Planned]) -> None:
@@ -398,8 +415,8 @@ def ride(storm: Storm, plan: list[Planned]) -> None:
         raise StormError(f"the run ended with {code} after the last fault: {storm.tail()}")
 
 
-def judged(storm: Storm, runs_dir: Path) -> tuple[list[str], list[str]]:
-    """The checks after the storm: (problems, what was found)."""
+def judged(storm: Storm, runs_dir: Path) -> tuple[list[str], list[str], dict]:
+    """The checks after the storm: (problems, what was found, and as figures)."""
     r = runs.Run(runs_dir / storm.rid)
     record = json.loads(r.info_file.read_text())
     problems, found = [], []
@@ -412,7 +429,8 @@ def judged(storm: Storm, runs_dir: Path) -> tuple[list[str], list[str]]:
     found.append(f"{verified} checkpoints verified against their manifests; epochs trained twice: "
                  f"{', '.join(map(str, again)) or 'none'} (each the one in progress when its attempt ended)")
     problems += ended_as_faulted(storm, record["attempts"])
-    return problems, found
+    return problems, found, {"status": record["status"], "attempts": len(record["attempts"]), "checkpoints_verified": verified,
+                             "epochs_trained_twice": again}
 
 
 def ended_as_faulted(storm: Storm, attempts: list[dict]) -> list[str]:
@@ -512,6 +530,7 @@ def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, nod
     namespaces = run("ip", "netns", "list").stdout
     problems: list[str] = []
     found: list[str] = []
+    checked: dict = {}
     started = time.monotonic()
     with st.head_disk():
         try:
@@ -524,41 +543,76 @@ def storm(bed: Testbed, inventory: str, env: dict[str, str], runs_dir: Path, nod
                     p.send_signal(signal.SIGINT)
                     p.wait(timeout=120)
         if st.rid and not problems:
-            more, found = judged(st, runs_dir)
+            more, found, checked = judged(st, runs_dir)
             problems += more
         problems += lost_and_left(st, before, namespaces)  # the head's lease is on the storm's file system
-    lines = [*table(st), f"{len(st.injected)} of {len(plan)} faults injected over {(time.monotonic() - started) / 60:.1f} min, "
+    took = time.monotonic() - started
+    lines = [*table(st), f"{len(st.injected)} of {len(plan)} faults injected over {took / 60:.1f} min, "
              f"{sum(f.back is not None for f in st.injected)} survived (training went on), "
              f"{sum(f.lost_s or 0 for f in st.injected):.0f} s lost in all; run {st.rid} "
              + ("completed" if not problems else "with problems"), *found]
+    accuracy = None
     if compare and st.rid and not problems:
-        lines.append(compared(st, runs_dir, recipe))
-        if "differs" in lines[-1]:
-            problems.append(lines[-1])
+        line, accuracy = compared(st, runs_dir, recipe)
+        lines.append(line)
+        if "differs" in line:
+            problems.append(line)
     lines.append("lost: nothing" if not problems else f"problems: {len(problems)}")
     for line in lines:
         log(line)
-    return Outcome(st.rid, st.injected, problems, lines)
+    return Outcome(st.rid, st.injected, problems, lines,
+                   {**figures(st, plan, seed, minutes, epochs, took, checked, accuracy), "problems": problems})
 
 
-def compared(st: Storm, runs_dir: Path, recipe: tuple[str, ...]) -> str:
-    """The same seed's run, undisturbed: its held-out test accuracy against the storm's."""
+def compared(st: Storm, runs_dir: Path, recipe: tuple[str, ...]) -> tuple[str, dict | None]:
+    """The same seed's run, undisturbed: its held-out test accuracy against the storm's (a line,
+    and its figures)."""
     calm = subprocess.run([sys.executable, "-m", "edgetrain", "run", "lenet", "-i", st.inventory, *recipe], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, **st.env}, timeout=7200, check=False)
     m = re.search(r"run (\S+) completed", calm.stdout)
     if calm.returncode != 0 or m is None:
-        return f"the undisturbed run differs: it failed: {(calm.stdout + calm.stderr)[-500:]}"
+        return f"the undisturbed run differs: it failed: {(calm.stdout + calm.stderr)[-500:]}", None
     stormy, quiet = (runs.Run(runs_dir / rid).test_score() for rid in (st.rid, m.group(1)))
     if stormy is None or quiet is None:
-        return "the undisturbed run differs: no test accuracy recorded"
+        return "the undisturbed run differs: no test accuracy recorded", None
     diff = 100 * (stormy["test_accuracy"] - quiet["test_accuracy"])
     verdict = "within" if abs(diff) <= 0.5 else "differs: beyond"
     return (f"held-out test accuracy {stormy['test_accuracy']:.4f} after the storm, {quiet['test_accuracy']:.4f} undisturbed "
-            f"(run {m.group(1)}): {diff:+.2f} points, {verdict} 0.5")
+            f"(run {m.group(1)}): {diff:+.2f} points, {verdict} 0.5"), \
+        {"storm_accuracy": stormy["test_accuracy"], "undisturbed_accuracy": quiet["test_accuracy"], "undisturbed_run": m.group(1),
+         "difference_points": round(diff, 3)}
 
 
-def run_on(tid: str, inventory: str, seed: int, minutes: float, faults: int, max_steps: int | None, compare: bool) -> int:
-    """The storm on a recorded testbed."""
+# docs/cli.md's table is the storm of this JSON, as docs_table writes it (lab/headline.py checks).
+KEPT = ROOT / "docs" / "benches" / "storm"
+REPORTED = KEPT / "seed7-10faults.json"
+MET = {Kind.CONTAINER: "restarted without {node}, taken back {over:.0f} s after", Kind.LINK: "restarted without {node}, taken back {over:.0f} s after",
+       Kind.CPU: "slower, nothing ended", Kind.DISK: "ended naming {node}; filler removed; resumed",
+       Kind.CONTROLLER: "`runs show`: abandoned; its command resumed"}  # what the checks hold each kind to when the storm passed
+
+
+def docs_table(record: dict) -> str:
+    """A kept storm's table and what its checks found, for the docs."""
+    if record["problems"]:
+        raise ValueError(f"seed {record['seed']}'s storm had problems: it is no figure to report")
+    rows = ["| fault (node) | noticed | training again | lost | what happened |", "|---|---|---|---|---|"]
+    for f in record["faults"]:
+        noticed = "-" if f["noticed_seconds"] is None else f"{f['noticed_seconds']:.0f} s"
+        met = MET[Kind[f["kind"].upper()]].format(node=f["node"], over=f["over_seconds"])
+        rows.append(f"| {f['what']} ({f['node']}) | {noticed} | {f['back_seconds']:.0f} s | {f['lost_seconds']:.0f} s | {met} |")
+    twice = ", ".join(map(str, record["epochs_trained_twice"])) or "none"
+    c = record["compared"]
+    accuracy = (f" Held-out test accuracy {c['storm_accuracy']:.4f} after the storm, {c['undisturbed_accuracy']:.4f} undisturbed "
+                f"({c['difference_points']:+.2f} points)." if c else "")
+    return "\n".join(rows) + (
+        f"\n\nSeed {record['seed']}, {len(record['faults'])} faults, {record['epochs']} epochs in {record['took_seconds'] / 60:.1f} "
+        f"minutes, {record['lost_seconds']:.0f} s lost in all: the run completed over {record['attempts']} attempts; "
+        f"{record['checkpoints_verified']} checkpoints verified against their manifests; epochs trained twice: {twice}.{accuracy}")
+
+
+def run_on(tid: str, inventory: str, seed: int, minutes: float, faults: int, max_steps: int | None, compare: bool,
+           out: Path | None = None) -> int:
+    """The storm on a recorded testbed; with ``out``, its figures kept there as JSON."""
     import yaml
 
     bed = Testbed.load(tid)
@@ -568,6 +622,10 @@ def run_on(tid: str, inventory: str, seed: int, minutes: float, faults: int, max
     node_runs = relative if relative.startswith("/") else f"{bed.state.login_home}/{relative}"
     outcome = storm(bed, inventory, {"EDGETRAIN_RUNS": str(runs_dir), "COLUMNS": "250"}, runs_dir, node_runs, seed, minutes, faults,
                     max_steps, compare)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(outcome.figures, indent=1) + "\n")
+        print(f"kept: {out}")
     for problem in outcome.problems:
         print(f"problem: {problem}", file=sys.stderr)
     return 1 if outcome.problems else 0

@@ -4,6 +4,8 @@ undisturbed run. The 30-minute storm of ten faults is `python -m lab storm` (doc
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lab import storm
@@ -26,5 +28,8 @@ def test_a_seeded_storm_of_two_faults_loses_nothing(cluster, report):
     assert [f.planned.kind for f in outcome.injected] == [storm.Kind.DISK, storm.Kind.CONTROLLER], said
     assert all(f.back is not None for f in outcome.injected) and outcome.lines[-1] == "lost: nothing", said
     assert c.run_json(outcome.rid)["status"] == "completed"
+    kept = json.loads(json.dumps(outcome.figures))  # what --out keeps, and the docs' table reads
+    assert [f["kind"] for f in kept["faults"]] == ["disk", "controller"] and kept["checkpoints_verified"] > 0, kept
+    assert "| rank-0 disk full (node1) |" in storm.docs_table(kept), kept
     report[f"storm seed {SEED}, 2 faults"] = "; ".join(
         f"{f.planned.kind.value}: training again {f.back - f.at:.0f} s after, {f.lost_s:.0f} s lost" for f in outcome.injected)

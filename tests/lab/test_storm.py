@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from lab.storm import Kind, draw, progress_at, retrained, time_lost
+import pytest
+
+from lab.storm import Kind, docs_table, draw, progress_at, retrained, time_lost
 
 
 def test_the_draw_is_the_seeds_and_gives_every_kind_once_before_any_twice():
@@ -42,3 +44,22 @@ def test_time_lost_is_the_wait_less_the_progress_made():
     # would have taken 5 s undisturbed... the run was at 5.5, reached 6 at 160 s: 105 s for half an epoch.
     assert time_lost(epochs, 55.0, 100.0, 10.0) == 100.0
     assert time_lost(epochs, 20.0, 20.5, 10.0) == 0.0  # nothing lost: the next epoch came on time
+
+
+def _kept(problems: list[str]) -> dict:
+    fault = {"what": "worker link cut", "node": "node2", "noticed_seconds": 25.6, "over_seconds": 38.2, "back_seconds": 52.4,
+             "lost_seconds": 44.9}
+    return {"seed": 7, "epochs": 40, "took_seconds": 600.0, "lost_seconds": 60.2, "attempts": 3, "checkpoints_verified": 40,
+            "epochs_trained_twice": [12], "problems": problems,
+            "faults": [{**fault, "kind": "link"}, {**fault, "kind": "cpu", "what": "CPU cut to a quarter", "noticed_seconds": None}],
+            "compared": {"storm_accuracy": 0.9871, "undisturbed_accuracy": 0.9875, "difference_points": -0.04}}
+
+
+def test_the_docs_table_is_the_kept_storms_and_refuses_one_with_problems():
+    text = docs_table(_kept([]))
+    assert "| worker link cut (node2) | 26 s | 52 s | 45 s | restarted without node2, taken back 38 s after |" in text
+    assert "| CPU cut to a quarter (node2) | - | 52 s | 45 s | slower, nothing ended |" in text
+    assert "Seed 7, 2 faults, 40 epochs in 10.0 minutes, 60 s lost in all" in text and "epochs trained twice: 12." in text
+    assert "0.9871 after the storm, 0.9875 undisturbed (-0.04 points)" in text
+    with pytest.raises(ValueError, match="had problems"):
+        docs_table(_kept(["left: a container"]))
