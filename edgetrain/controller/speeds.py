@@ -1,4 +1,5 @@
-"""``--batch-by speed``: each rank's speed, from which every rank takes its batch (edgetrain.shared.batches).
+"""``--batch-by speed``: each rank's speed, from which every rank takes its batch (edgetrain.shared.batches);
+``--batch-by auto``: the newest bench's choice between speed and equal batches.
 
 A node's speed comes from, first, the newest bench of this program on this inventory, where it timed
 every placed node training alone (its one-node runs: measured for this job, on these very nodes, so
@@ -16,9 +17,11 @@ from pathlib import Path
 from types import MappingProxyType
 
 from edgetrain.controller import inventory
+from edgetrain.controller.bench import record
 from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.placement import Placement
 from edgetrain.shared import runs
+from edgetrain.shared.batches import BatchBy
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 INVENTORY_VAR = "edgetrain_speed"
@@ -79,3 +82,21 @@ def from_bench(bench: BenchRecord | None, root: Path) -> NodeSpeeds:
             found.setdefault(host, []).append(t.images_per_sec)
     rates = {host: statistics.median(values) for host, values in found.items()}
     return NodeSpeeds(MappingProxyType(rates), bench.name)
+
+
+def planned(batch_by: BatchBy, root: Path, program: str, inventory: Path | None, log: Callable[[str], None]) -> NodeSpeeds | None:
+    """What a run with ``--batch-by batch_by`` knows of its nodes' speeds (None: equal batches).
+    ``auto`` takes the choice of the newest bench of this program on this inventory that made one
+    (after timing every node alone), with the rates it chose from; with none, equal batches. Both said in a line."""
+    if batch_by is BatchBy.EQUAL:
+        return None
+    if batch_by is BatchBy.SPEED:
+        return from_bench(record.latest(root, program, inventory), root)
+    bench = record.latest(root, program, inventory, lambda b: b.batch_choice)
+    if bench is None or bench.batch_choice is None:
+        log(f"--batch-by auto: equal, as no bench of {program} on {record.described(inventory)} in {root} timed every node alone "
+            f"(edgetrain bench {program} does)")
+        return None
+    c = bench.batch_choice
+    log(f"--batch-by auto: {c.batch_by.value}, chosen by bench {bench.name} on {c.nodes} nodes: {c.said()}")
+    return from_bench(bench, root) if c.batch_by is BatchBy.SPEED else None
