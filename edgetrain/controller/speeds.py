@@ -33,13 +33,18 @@ class NodeSpeeds:
 
     measured: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     bench: str | None = None  # the bench they came from
+    chosen: bool = False  # --batch-by auto: the bench's choice, which speaks only of the nodes it timed
 
     def placed(self, placement: Placement, program: str, log: Callable[[str], None]) -> Placement:
         """``placement`` with each rank's speed, which every rank's environment then carries; said in a line."""
         hosts = [h.name for h in placement.hosts]
         declared = {h.name: h.vars.get(INVENTORY_VAR) for h in placement.hosts}
-        if all(h in self.measured for h in hosts):
+        unmeasured = ", ".join(h for h in hosts if h not in self.measured)
+        if not unmeasured:
             rates, source = dict(self.measured), f"bench {self.bench}"
+        elif self.chosen:
+            log(f"--batch-by auto: equal after all, as bench {self.bench} did not time {unmeasured} alone")
+            return placement
         elif all(v not in (None, "") for v in declared.values()):
             try:
                 rates = {h: float(inventory.conform(INVENTORY_VAR, v)) for h, v in declared.items()}
@@ -47,7 +52,6 @@ class NodeSpeeds:
                 raise EdgetrainError(f"--batch-by speed: {exc}") from None
             source = f"the inventory's {INVENTORY_VAR}"
         else:
-            unmeasured = ", ".join(h for h in hosts if h not in self.measured)
             undeclared = ", ".join(h for h, v in declared.items() if v in (None, ""))
             raise UsageError(f"--batch-by speed needs each node's speed: no bench of {program} on this inventory timed {unmeasured} "
                              f"alone, and {undeclared} set no {INVENTORY_VAR}",
@@ -87,7 +91,8 @@ def from_bench(bench: BenchRecord | None, root: Path) -> NodeSpeeds:
 def planned(batch_by: BatchBy, root: Path, program: str, inventory: Path | None, log: Callable[[str], None]) -> NodeSpeeds | None:
     """What a run with ``--batch-by batch_by`` knows of its nodes' speeds (None: equal batches).
     ``auto`` takes the choice of the newest bench of this program on this inventory that made one
-    (after timing every node alone), with the rates it chose from; with none, equal batches. Both said in a line."""
+    (after timing every node alone), with the rates it chose from; with none, or where the run is
+    placed on a node that bench did not time, equal batches. Each said in a line."""
     if batch_by is BatchBy.EQUAL:
         return None
     if batch_by is BatchBy.SPEED:
@@ -99,4 +104,4 @@ def planned(batch_by: BatchBy, root: Path, program: str, inventory: Path | None,
         return None
     c = bench.batch_choice
     log(f"--batch-by auto: {c.batch_by.value}, chosen by bench {bench.name} on {c.nodes} nodes: {c.said()}")
-    return from_bench(bench, root) if c.batch_by is BatchBy.SPEED else None
+    return replace(from_bench(bench, root), chosen=True) if c.batch_by is BatchBy.SPEED else None

@@ -114,9 +114,17 @@ def test_batch_by_auto_takes_the_newest_benchs_choice_with_its_rates_and_else_eq
     bench_dir(root, "20261205-000000-bench-lenet-eeee", timed, {**chose, "batch_by": "equal"}, inventory="/elsewhere")
     said.clear()
     known = speeds.planned(BatchBy.AUTO, root, "lenet", None, said.append)
-    assert known == speeds.NodeSpeeds({"pi5": 500.0, "pi4a": 250.0, "pi4b": 250.0}, "20261202-000000-bench-lenet-bbbb")
+    assert known == speeds.NodeSpeeds({"pi5": 500.0, "pi4a": 250.0, "pi4b": 250.0}, "20261202-000000-bench-lenet-bbbb", chosen=True)
     assert said == ["--batch-by auto: speed, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes: "
                     "predicted 1,000 img/s by speed against 750 equal (+33%)"]
+    assert known.placed(placed((host("pi5"), 1), (host("pi4a"), 1)), "lenet", said.append).speeds == (500.0, 250.0)
+    # Placed on a node the bench did not time: its choice does not speak of it, so equal batches,
+    # not the inventory's edgetrain_speed nor a refusal as with --batch-by speed.
+    said.clear()
+    plan = placed((host("pi5", edgetrain_speed=2), 1), (host("pi4c", edgetrain_speed=1), 1))
+    assert known.placed(plan, "lenet", said.append) == plan and plan.speeds is None
+    assert said == ["--batch-by auto: equal after all, as bench 20261202-000000-bench-lenet-bbbb did not time pi4c alone"]
+    assert replace(known, chosen=False).placed(plan, "lenet", said.append).speeds == (2.0, 1.0)
     # A bench that chose equal batches: none by speed, said.
     bench_dir(root, "20261206-000000-bench-lenet-ffff", timed, {**chose, "batch_by": "equal", "by_speed": 780.0})
     said.clear()
