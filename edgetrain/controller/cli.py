@@ -116,7 +116,7 @@ def _launch_command(submitting: bool):
         max_restarts: MaxRestartsOpt = configs.RestartPolicy.max_restarts,
         min_nodes: MinNodesOpt = configs.RestartPolicy.min_nodes,
         rejoin: Annotated[bool, typer.Option(help="With --max-restarts: take a left-out node back at the first epoch after it answers again.")] = False,
-        batch_by: Annotated[BatchBy, typer.Option(help="Each rank's batch: equal, or speed - in proportion to its node's speed, from the newest bench that timed every node alone, else the inventory's edgetrain_speed; the global batch, steps per epoch and learning rate stay (horovod, torch).")] = BatchBy.EQUAL,
+        batch_by: Annotated[BatchBy, typer.Option(help="Each rank's batch: equal; speed - in proportion to its node's speed, from the newest bench that timed every node alone, else the inventory's edgetrain_speed; the global batch, steps per epoch and learning rate stay (horovod, torch); or auto - the newest such bench's choice of the two (equal without one).")] = BatchBy.EQUAL,
         runs_dir: RunsDirOpt = Path("runs"),
         data_dir: DataDirOpt = None,
         options: JobOptions = JobOptions(),
@@ -129,7 +129,7 @@ def _launch_command(submitting: bool):
                                  master_port=master_port, ps=ps, runs_dir=runs_dir, data_dir=data_dir, resume=resume, hang_timeout=hang_timeout,
                                  max_workdir_bytes=int(max_workdir_mb * 1024**2), max_workdir_files=max_workdir_files, ship_secrets=ship_secrets,
                                  restarts=configs.RestartPolicy(max_restarts, min_nodes, rejoin), log=_say,
-                                 speeds=speeds.from_bench(bench_record.latest(runs_dir, program.name, inventory), runs_dir) if batch_by is BatchBy.SPEED else None,
+                                 speeds=speeds.planned(batch_by, runs_dir, program.name, inventory, _say),
                                  run_id=None if submitting else os.environ.get(scheduler.RUN_ID_ENV))
         if submitting:
             _submit(config, ctx.meta[GIVEN])

@@ -1,4 +1,5 @@
-"""``--batch-by speed``: each rank's speed, from which every rank takes its batch (edgetrain.shared.batches).
+"""``--batch-by speed``: each rank's speed, from which every rank takes its batch (edgetrain.shared.batches);
+``--batch-by auto``: the newest bench's choice between speed and equal batches.
 
 A node's speed comes from, first, the newest bench of this program on this inventory, where it timed
 every placed node training alone (its one-node runs: measured for this job, on these very nodes, so
@@ -16,9 +17,11 @@ from pathlib import Path
 from types import MappingProxyType
 
 from edgetrain.controller import inventory
+from edgetrain.controller.bench import record
 from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.placement import Placement
 from edgetrain.shared import runs
+from edgetrain.shared.batches import BatchBy
 from edgetrain.shared.errors import EdgetrainError, UsageError
 
 INVENTORY_VAR = "edgetrain_speed"
@@ -30,13 +33,18 @@ class NodeSpeeds:
 
     measured: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     bench: str | None = None  # the bench they came from
+    chosen: bool = False  # --batch-by auto: the bench's choice, which speaks only of the nodes it timed
 
     def placed(self, placement: Placement, program: str, log: Callable[[str], None]) -> Placement:
         """``placement`` with each rank's speed, which every rank's environment then carries; said in a line."""
         hosts = [h.name for h in placement.hosts]
         declared = {h.name: h.vars.get(INVENTORY_VAR) for h in placement.hosts}
-        if all(h in self.measured for h in hosts):
+        unmeasured = ", ".join(h for h in hosts if h not in self.measured)
+        if not unmeasured:
             rates, source = dict(self.measured), f"bench {self.bench}"
+        elif self.chosen:
+            log(f"--batch-by auto: equal after all, as bench {self.bench} did not time {unmeasured} alone")
+            return placement
         elif all(v not in (None, "") for v in declared.values()):
             try:
                 rates = {h: float(inventory.conform(INVENTORY_VAR, v)) for h, v in declared.items()}
@@ -44,7 +52,6 @@ class NodeSpeeds:
                 raise EdgetrainError(f"--batch-by speed: {exc}") from None
             source = f"the inventory's {INVENTORY_VAR}"
         else:
-            unmeasured = ", ".join(h for h in hosts if h not in self.measured)
             undeclared = ", ".join(h for h, v in declared.items() if v in (None, ""))
             raise UsageError(f"--batch-by speed needs each node's speed: no bench of {program} on this inventory timed {unmeasured} "
                              f"alone, and {undeclared} set no {INVENTORY_VAR}",
@@ -79,3 +86,22 @@ def from_bench(bench: BenchRecord | None, root: Path) -> NodeSpeeds:
             found.setdefault(host, []).append(t.images_per_sec)
     rates = {host: statistics.median(values) for host, values in found.items()}
     return NodeSpeeds(MappingProxyType(rates), bench.name)
+
+
+def planned(batch_by: BatchBy, root: Path, program: str, inventory: Path | None, log: Callable[[str], None]) -> NodeSpeeds | None:
+    """What a run with ``--batch-by batch_by`` knows of its nodes' speeds (None: equal batches).
+    ``auto`` takes the choice of the newest bench of this program on this inventory that made one
+    (after timing every node alone), with the rates it chose from; with none, or where the run is
+    placed on a node that bench did not time, equal batches. Each said in a line."""
+    if batch_by is BatchBy.EQUAL:
+        return None
+    if batch_by is BatchBy.SPEED:
+        return from_bench(record.latest(root, program, inventory), root)
+    bench = record.latest(root, program, inventory, lambda b: b.batch_choice)
+    if bench is None or bench.batch_choice is None:
+        log(f"--batch-by auto: equal, as no bench of {program} on {record.described(inventory)} in {root} timed every node alone "
+            f"(edgetrain bench {program} does)")
+        return None
+    c = bench.batch_choice
+    log(f"--batch-by auto: {c.batch_by.value}, chosen by bench {bench.name} on {c.nodes} nodes: {c.said()}")
+    return replace(from_bench(bench, root), chosen=True) if c.batch_by is BatchBy.SPEED else None

@@ -27,6 +27,7 @@ SPEEDS_ENV = "EDGETRAIN_RANK_SPEEDS"
 class BatchBy(str, Enum):
     EQUAL = "equal"
     SPEED = "speed"
+    AUTO = "auto"  # the controller's: the newest bench's choice of the two (edgetrain.controller.speeds)
 
 
 def split(total: int, speeds: Sequence[float]) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.controller.bench import model
 from lab import headline
 from tests.conftest import ROOT, edgetrain, lab_bench
 
@@ -104,8 +105,10 @@ def _the_choice_is_measured_on_the_nodes_and_run_takes_it(cluster, d: Path, body
 
 def test_bench_times_each_node_alone_and_run_by_speed_takes_those_rates(cluster, mixed, report):
     """On the mixed cluster (node1 an emulated Pi 5, node2 and node3 Pi 4s: conftest's ``mixed``),
-    `edgetrain bench` times each node alone, one after another, and `run --batch-by speed` sizes the
-    batches by those measured rates rather than the inventory's declared edgetrain_speed."""
+    `edgetrain bench` times each node alone, one after another, and chooses batches by speed from
+    those rates (the Pi 5 at twice a Pi 4's quota: +33% predicted, past BY_SPEED_PAYS); `run
+    --batch-by auto` takes that choice and sizes the batches by the measured rates rather than the
+    inventory's declared edgetrain_speed."""
     # An inventory of its own: the newest bench of lenet on it wins over edgetrain_speed, and
     # tests/cluster/test_mixed.py's runs by speed on mixed.yml take the declared speeds.
     inventory = cluster.docker_inventory("mixed-benched.yml", head_slots=1)
@@ -113,21 +116,33 @@ def test_bench_times_each_node_alone_and_run_by_speed_takes_those_rates(cluster,
     r = edgetrain("bench", "lenet", "-i", inventory, "--nodes", "3", "--repeat", "1", *short, env=cluster.env, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     d = _bench_dir(r.stdout)
-    timed = json.loads((d / "bench.json").read_text())["each_node"]
+    body = json.loads((d / "bench.json").read_text())
+    timed = body["each_node"]
     assert [t["host"] for t in timed] == ["node1", "node2", "node3"] and "(t) each node alone: node1 " in r.stdout
     for t in timed:
         placed = cluster.run_json(t["run"])["placement"]["hosts"]
         assert t["status"] == "completed" and [h["host"] for h in placed] == [t["host"]], placed
     rates = {t["host"]: t["images_per_sec"] for t in timed}
     assert rates["node1"] > max(rates["node2"], rates["node3"]), rates  # the Pi 5's quota is twice a Pi 4's
+    report["bench (t) on pi5 + 2 x pi4 (pessimistic bracket), img/s alone"] = ", ".join(f"{h} {v:,.0f}" for h, v in rates.items())
+    # (t)'s choice, from those rates: speed, as the model says of them.
+    choice = body["batch_choice"]
+    said = model.choose_batches(list(rates.values())).said()
+    assert choice == {"batch_by": "speed", "nodes": 3, "by_speed": pytest.approx(sum(rates.values())),
+                      "equal": 3 * min(rates.values())}, (choice, rates)
+    assert f"(t) on 3 nodes, chose --batch-by speed: {said}" in r.stdout
     before = cluster.run_ids()
-    r = edgetrain("run", "lenet", "--np", "3", "-i", inventory, "--batch-by", "speed", "--epochs", "1", "--max-steps", "4",
+    r = edgetrain("run", "lenet", "--np", "3", "-i", inventory, "--batch-by", "auto", "--epochs", "1", "--max-steps", "4",
                   env=cluster.env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"--batch-by speed: from bench {d.name}: node1 " in r.stdout, r.stdout[-3000:]
+    out = r.stdout
+    chose = f"--batch-by auto: speed, chosen by bench {d.name} on 3 nodes: {said}"
+    assert chose in out and out.index(chose) < out.index(f"--batch-by speed: from bench {d.name}: node1 "), out[-3000:]
     placement = cluster.run_json(cluster.new_run(before))["placement"]
     assert placement["speeds"] == [rates[h] for h in ("node1", "node2", "node3")] and sum(placement["batches"]) == 3 * 64
-    report["bench (t) on pi5 + 2 x pi4 (pessimistic bracket), img/s alone"] = ", ".join(f"{h} {v:,.0f}" for h, v in rates.items())
+    # Each rank's batch is its node's share of the global batch (to the integers the split rounds to).
+    total = sum(placement["speeds"])
+    assert all(abs(b - 3 * 64 * v / total) < 2 for b, v in zip(placement["batches"], placement["speeds"], strict=True)), placement
     assert not cluster.leftovers()
 
 

@@ -14,6 +14,7 @@ import pytest
 from edgetrain.controller import speeds
 from edgetrain.controller.bench import model, record, runner
 from edgetrain.shared import jobs, runs
+from edgetrain.shared.batches import BatchBy
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import Sync, SyncMode
@@ -418,7 +419,7 @@ def test_candidates_are_tried_beside_the_n_loops_try_at_every_n_and_the_choice_m
     assert kept[(1, "grads", 3)]["runs"] == ["run-5", "run-12"] and kept[(1, "grads", 3)]["seconds_to_target"] == 98.5
     # The points are the N-loop's alone: the candidates' tries are not medians of any N.
     assert [[t.run for t in p.trials] for p in points] == [["run-1", "run-8"], ["run-2", "run-9"], ["run-5", "run-12"]]
-    assert record.latest(tmp_path / "runs", "lenet", None, chosen=True).sync_choice == b.choice
+    assert record.latest(tmp_path / "runs", "lenet", None, lambda b: b.sync_choice).sync_choice == b.choice
 
 
 @pytest.mark.parametrize(("reference", "nodes", "timed"), [
@@ -444,10 +445,13 @@ def test_each_node_is_timed_alone_in_turn_after_the_loop_and_run_by_speed_takes_
     bench = record.read(b.dir / "bench.json")
     if not timed:
         assert bench.each_node is None and not any(timing for *_, timing in ran)
+        assert bench.batch_choice is None  # one node, or no rate of each node alone (the fake's beside runs train at 0 img/s)
         return
     assert ran == [(1, None, False), (2, None, False), (1, "pi5", True), (1, "pi4", True)]
     assert [t.run for t in bench.trials] == ["run-1", "run-2"] and [t.run for t in bench.each_node] == ["run-3", "run-4"]
     assert dict(speeds.from_bench(bench, tmp_path / "runs").measured) == {"pi5": 500.0, "pi4": 240.0}
+    # From those rates: 740 img/s by speed against 2 x 240 equal.
+    assert bench.batch_choice == b.batch_choice == model.BatchChoice(BatchBy.SPEED, 2, 740.0, 480.0)
     # (t)'s run: one epoch of the job's first steps, not to the target; a script would run as given.
     args = list(b.program_for(1, timing=True).args)
     assert args[args.index("--epochs") + 1] == "1" and args[args.index("--max-steps") + 1] == str(runner.TIMING_STEPS)
@@ -522,3 +526,33 @@ def test_a_kept_bench_reads_into_its_record_and_writes_back_the_same_json(tmp_pa
     # Older ones (before --sync-every) read too, with today's defaults for what they lack.
     older = [p for p in sorted(KEPT.rglob("*-bench-*.json")) if p not in kept]
     assert older and all(record.read(p).points for p in older)
+
+
+@pytest.mark.parametrize(("rates", "chosen"), [
+    ([500.0, 250.0, 250.0], BatchBy.SPEED),  # a Pi 5 beside two Pi 4s: 1,000 img/s against 3 x 250
+    ([250.0, 250.0, 250.0], BatchBy.EQUAL),  # nothing to gain
+    ([119.9, 100.0], BatchBy.EQUAL),  # 219.9 against 200: just under BY_SPEED_PAYS
+    ([120.0, 100.0], BatchBy.SPEED),  # 220 against 200: at it
+])
+def test_batches_by_speed_are_chosen_where_they_beat_the_slowest_node_pacing_every_step_by_enough(rates, chosen):
+    c = model.choose_batches(rates)
+    assert (c.batch_by, c.nodes, c.by_speed, c.equal) == (chosen, len(rates), pytest.approx(sum(rates)), len(rates) * min(rates))
+    assert model.BY_SPEED_PAYS == 0.10
+
+
+def test_a_batch_choice_is_written_read_back_and_a_bench_without_one_still_reads(tmp_path):
+    choice = model.BatchChoice(BatchBy.SPEED, 3, 1000.0, 750.0)
+    written = record.BenchRecord(program="lenet", points=(), batch_choice=choice)
+    record.write(tmp_path, written)
+    body = json.loads((tmp_path / "bench.json").read_text())
+    assert body["batch_choice"] == {"batch_by": "speed", "nodes": 3, "by_speed": 1000.0, "equal": 750.0}
+    assert record.read(tmp_path / "bench.json").batch_choice == choice
+    del body["batch_choice"]  # as in a bench from before (t) chose
+    assert record.BenchRecord.from_json(body).batch_choice is None
+    record.write(tmp_path, record.BenchRecord.from_json(body))
+    assert "batch_choice" not in json.loads((tmp_path / "bench.json").read_text())
+    kept = {"batch_by": "speed", "nodes": 3, "by_speed": 1000.0, "equal": 750.0}
+    for damaged, said in (({**kept, "batch_by": "auto"}, "batch_choice.batch_by is not speed or equal"),
+                          ({**kept, "equal": 0}, "not both positive")):
+        with pytest.raises(ValueError, match=said):
+            record.BenchRecord.from_json({**body, "batch_choice": damaged})

@@ -1,9 +1,11 @@
 """Where --batch-by speed takes each node's speed (edgetrain.controller.speeds): a bench that timed
 every placed node alone wins over the inventory's edgetrain_speed, the two are never mixed, ranks
-sharing a node share its speed, and a run with neither is refused saying how to get one."""
+sharing a node share its speed, and a run with neither is refused saying how to get one; and
+what --batch-by auto takes from the newest bench that chose."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,8 +15,9 @@ from edgetrain.controller import placement, speeds
 from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.inventory import Host
 from edgetrain.shared import record, runs
-from edgetrain.shared.batches import SPEEDS_ENV
+from edgetrain.shared.batches import SPEEDS_ENV, BatchBy
 from edgetrain.shared.errors import UsageError
+from tests.conftest import assert_one_line_error, edgetrain
 
 
 def host(name: str, slots: int = 1, **variables) -> Host:
@@ -87,3 +90,52 @@ def test_a_run_with_no_speed_for_some_node_is_refused_naming_the_nodes():
 
 def test_equal_batches_tell_the_ranks_nothing():
     assert SPEEDS_ENV not in placed((host("pi4"), 1), (host("pi5"), 1)).rank_env
+
+
+def bench_dir(root: Path, name: str, each_node: list[dict] | None, batch_choice: dict | None, inventory: str | None = None) -> None:
+    """A finished bench of lenet in ``root``, as (t) leaves it."""
+    (root / name).mkdir(parents=True)
+    body = {"points": [{"nodes": 3, "trials": []}], "inventory": inventory, "each_node": each_node, "batch_choice": batch_choice}
+    (root / name / "bench.json").write_text(json.dumps(body))
+
+
+def test_batch_by_auto_takes_the_newest_benchs_choice_with_its_rates_and_else_equal_batches_saying_which(tmp_path):
+    root = tmp_path / "runs"
+    said: list[str] = []
+    assert speeds.planned(BatchBy.AUTO, root, "lenet", None, said.append) is None  # no bench at all
+    assert said == [f"--batch-by auto: equal, as no bench of lenet on this machine in {root} timed every node alone "
+                    "(edgetrain bench lenet does)"]
+    timed = [trial("t1", 500.0, host="pi5"), trial("t2", 250.0, host="pi4a"), trial("t3", 250.0, host="pi4b")]
+    chose = {"batch_by": "speed", "nodes": 3, "by_speed": 1000.0, "equal": 750.0}
+    bench_dir(root, "20261201-000000-bench-lenet-aaaa", [{**t, "images_per_sec": 100.0} for t in timed], {**chose, "batch_by": "equal"})
+    bench_dir(root, "20261202-000000-bench-lenet-bbbb", timed, chose)
+    bench_dir(root, "20261203-000000-bench-lenet-cccc", None, None)  # newer, but it timed no node alone
+    bench_dir(root, "20261204-000000-bench-lenet-dddd", timed, {**chose, "batch_by": "fast"})  # damaged: passed over
+    bench_dir(root, "20261205-000000-bench-lenet-eeee", timed, {**chose, "batch_by": "equal"}, inventory="/elsewhere")
+    said.clear()
+    known = speeds.planned(BatchBy.AUTO, root, "lenet", None, said.append)
+    assert known == speeds.NodeSpeeds({"pi5": 500.0, "pi4a": 250.0, "pi4b": 250.0}, "20261202-000000-bench-lenet-bbbb", chosen=True)
+    assert said == ["--batch-by auto: speed, chosen by bench 20261202-000000-bench-lenet-bbbb on 3 nodes: "
+                    "predicted 1,000 img/s by speed against 750 equal (+33%)"]
+    assert known.placed(placed((host("pi5"), 1), (host("pi4a"), 1)), "lenet", said.append).speeds == (500.0, 250.0)
+    # Placed on a node the bench did not time: its choice does not speak of it, so equal batches,
+    # not the inventory's edgetrain_speed nor a refusal as with --batch-by speed.
+    said.clear()
+    plan = placed((host("pi5", edgetrain_speed=2), 1), (host("pi4c", edgetrain_speed=1), 1))
+    assert known.placed(plan, "lenet", said.append) == plan and plan.speeds is None
+    assert said == ["--batch-by auto: equal after all, as bench 20261202-000000-bench-lenet-bbbb did not time pi4c alone"]
+    assert replace(known, chosen=False).placed(plan, "lenet", said.append).speeds == (2.0, 1.0)
+    # A bench that chose equal batches: none by speed, said.
+    bench_dir(root, "20261206-000000-bench-lenet-ffff", timed, {**chose, "batch_by": "equal", "by_speed": 780.0})
+    said.clear()
+    assert speeds.planned(BatchBy.AUTO, root, "lenet", None, said.append) is None
+    assert said == ["--batch-by auto: equal, chosen by bench 20261206-000000-bench-lenet-ffff on 3 nodes: "
+                    "predicted 780 img/s by speed against 750 equal (+4%)"]
+    # Not auto: equal says nothing; speed takes the newest bench's rates whatever it chose.
+    assert speeds.planned(BatchBy.EQUAL, root, "lenet", None, said.append) is None
+    assert speeds.planned(BatchBy.SPEED, root, "lenet", None, said.append).bench == "20261206-000000-bench-lenet-ffff"
+    assert len(said) == 1
+    # Through the CLI: the line, then the run's own first error (no ranks).
+    r = edgetrain("run", "lenet", "--batch-by", "auto", "--np", "0", "--runs-dir", str(root))
+    assert "--batch-by auto: equal, chosen by bench 20261206-000000-bench-lenet-ffff on 3 nodes" in r.stdout, r.stdout
+    assert_one_line_error(r, "--np 0", code=2)

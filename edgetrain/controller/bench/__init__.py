@@ -31,7 +31,9 @@ script with ``--strategy torch``):
       ``edgetrain run --sync-every auto``;
   (t) once the loop is done, each node's own rate for ``run --batch-by speed``: a short one-node
       run (a job's first ``TIMING_STEPS`` steps; a script as given) on each node in turn, unless
-      only the first node was benched or concurrent references timed every node;
+      only the first node was benched or concurrent references timed every node; then whether
+      batches by speed pay on those nodes (``model.choose_batches``: equal batches wait for the
+      slowest node at every step), recorded in ``bench.json`` for ``run --batch-by auto``;
   (e) ``bench.json`` and a plot (``bench.svg``, edgetrain.controller.plots) in ``<runs dir>/<bench id>/``; every run it made
       is an ordinary run directory beside it.
 

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from edgetrain.controller import overlap
+from edgetrain.shared.batches import BatchBy
 from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
+
+# (t): batches by speed are chosen where they are predicted to train at least this much faster than
+# equal ones. The prediction is an upper bound: the allreduce, which both pay alike, is left out of
+# it, so the real gain is smaller (by a third where E(N) is about 2/3, as on Pi 4s at 1 Gbit/s); and
+# each rate is one short run per node, under whatever else the node did then. A 10% prediction
+# clears both; two boards of one model, a few percent apart, stay on equal batches.
+BY_SPEED_PAYS = 0.10
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,31 @@ def best_per_mode(candidates: list[SyncCandidate], per_mode: int = 1) -> list[Sy
         ranked = sorted((c for c in candidates if c.sync_mode == mode.value), key=lambda c: (-c.predicted, c.sync_every))
         out += ranked[:per_mode]
     return out
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """(t): the batches a bench chose for its nodes, and the img/s predicted for each way."""
+
+    batch_by: BatchBy  # speed or equal
+    nodes: int
+    by_speed: float  # predicted img/s, compute only
+    equal: float
+
+    @property
+    def gain(self) -> float:
+        return self.by_speed / self.equal - 1
+
+    def said(self) -> str:
+        return f"predicted {self.by_speed:,.0f} img/s by speed against {self.equal:,.0f} equal ({self.gain:+.0%})"
+
+
+def choose_batches(rates: Sequence[float]) -> BatchChoice:
+    """From each node's img/s alone (all positive): with equal batches every step waits for the
+    slowest node, so N nodes train N x its rate; by speed each node's batch takes it as long as any
+    other's, so they train the rates' sum. Speed where that gains at least BY_SPEED_PAYS."""
+    predicted = BatchChoice(BatchBy.EQUAL, len(rates), sum(rates), len(rates) * min(rates))
+    return replace(predicted, batch_by=BatchBy.SPEED) if predicted.gain >= BY_SPEED_PAYS else predicted
+
 
 @dataclass(frozen=True)
 class Prediction:

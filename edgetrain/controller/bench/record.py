@@ -11,9 +11,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from edgetrain.controller.bench.model import Allreduce, SyncCandidate
+from edgetrain.controller.bench.model import Allreduce, BatchChoice, SyncCandidate
 from edgetrain.controller.program import JobOptions
 from edgetrain.shared import jobs, untrusted
+from edgetrain.shared.batches import BatchBy
 from edgetrain.shared.datasets import trained_on
 from edgetrain.shared.errors import UsageError
 from edgetrain.shared.sync import EVERY_STEP, SyncMode
@@ -51,6 +52,9 @@ _CANDIDATE = untrusted.Obj(
 # What `run --sync-every auto` takes: checked here, and again as the option it becomes.
 _CHOICE = untrusted.Obj({"sync_every": (int,), "nodes": (int,), "by": (str,), "sync_mode": _SYNC_MODE},
                         {"images_per_sec": _FIGURE, "seconds_to_target": _FIGURE})
+# What `run --batch-by auto` takes.
+_BATCH_CHOICE = untrusted.Obj({"batch_by": untrusted.Matches(re.compile(f"{BatchBy.SPEED.value}|{BatchBy.EQUAL.value}"), "speed or equal"),
+                               "nodes": (int,), "by_speed": untrusted.NUMBER, "equal": untrusted.NUMBER})
 SCHEMA = untrusted.Obj(
     {"points": untrusted.Maybe(untrusted.ListOf(_POINT))},
     {"program": (str,), "args": _STRINGS, "strategy": (str,), "command": _STRINGS, "inventory": untrusted.Maybe((str,)),
@@ -58,7 +62,7 @@ SCHEMA = untrusted.Obj(
      "sync_every": (int,), "sync_mode": _SYNC_MODE, "busy_cores": _FIGURE, "allreduce": untrusted.ListOf(_ALLREDUCE),
      "predicted_efficiency": untrusted.MapOf(_FIGURE, _NODES), "predicted_range": untrusted.MapOf(_RANGE, _NODES),
      "trials": untrusted.ListOf(_TRIAL), "each_node": untrusted.Maybe(untrusted.ListOf(_TRIAL)), "sync_candidates": untrusted.ListOf(_CANDIDATE),
-     "sync_choice": untrusted.Maybe(_CHOICE), "seconds": untrusted.NUMBER})
+     "sync_choice": untrusted.Maybe(_CHOICE), "batch_choice": untrusted.Maybe(_BATCH_CHOICE), "seconds": untrusted.NUMBER})
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class BenchRecord:
     points: tuple[Point, ...] | None = None  # None until the N-loop is done
     sync_candidates: tuple[SyncCandidate, ...] = ()
     sync_choice: SyncChoice | None = None
+    # (t): whether batches by speed pay on the nodes it timed (None: not chosen, as in older benches).
+    batch_choice: BatchChoice | None = field(default=None, metadata=_WHERE_KNOWN)
     seconds: float = 0.0
     path: Path | None = field(default=None, compare=False, metadata={"written": False})  # the file it was read from
 
@@ -181,6 +187,11 @@ class BenchRecord:
             for c in body.get("sync_candidates") or ())
         choice = body.get("sync_choice")
         known["sync_choice"] = SyncChoice.from_json(choice) if choice is not None else None
+        batches = body.get("batch_choice")
+        if batches is not None and not (batches["by_speed"] > 0 and batches["equal"] > 0):
+            raise ValueError("batch_choice's predicted img/s are not both positive")
+        known["batch_choice"] = (BatchChoice(**{**_known(BatchChoice, batches), "batch_by": BatchBy(batches["batch_by"])})
+                                 if batches is not None else None)
         return cls(**known)
 
     def to_json(self) -> dict[str, Any]:
@@ -234,17 +245,18 @@ def write(directory: Path, bench: BenchRecord) -> None:
     tmp.replace(directory / BENCH)
 
 
-def latest(root: Path, program: str, inventory: Path | None, chosen: bool = False) -> BenchRecord | None:
+def latest(root: Path, program: str, inventory: Path | None,
+           having: Callable[[BenchRecord], object] = lambda bench: True) -> BenchRecord | None:
     """The newest finished bench of this program on this inventory (its points, for `edgetrain run`'s
-    advice; with ``chosen``, one that chose a --sync-every too, for ``--sync-every auto``); one that
-    is damaged is passed over."""
+    advice) where ``having`` holds (e.g. it chose a --sync-every, for ``--sync-every auto``); one
+    that is damaged is passed over."""
     want = where(inventory)
     for path in sorted(root.glob(f"*-bench-{program}-*/{BENCH}"), reverse=True):
         try:
             bench = read(path)
         except (OSError, ValueError):
             continue
-        if bench.points and (bench.sync_choice is not None or not chosen) and bench.inventory == want:
+        if bench.points and bench.inventory == want and having(bench):
             return bench
     return None
 
@@ -265,10 +277,10 @@ def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path |
     them, and said."""
     if options.sync_every is not None:
         return options
-    bench = latest(root, program, inventory, chosen=True)
+    bench = latest(root, program, inventory, lambda b: b.sync_choice)
     if bench is None or bench.sync_choice is None:
-        where = f"inventory {inventory}" if inventory else "this machine"
-        raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {where} in {root} chose one",
+        raise UsageError(f"--sync-every auto takes the newest bench's choice, and no bench of {program} on {described(inventory)} in {root} "
+                         "chose one",
                          f"run edgetrain bench {program} --sync-candidates 1,2,4,8 (with the same -i), or give --sync-every K")
     c = bench.sync_choice
     every, most = c.sync_every, steps_per_epoch(program, options, np)
@@ -281,6 +293,11 @@ def chosen_sync(options: JobOptions, root: Path, program: str, inventory: Path |
 
 def where(inventory: Path | None) -> str | None:
     return str(Path(inventory).resolve()) if inventory else None
+
+
+def described(inventory: Path | None) -> str:
+    """The inventory a run names, as its lines name it."""
+    return f"inventory {inventory}" if inventory else "this machine"
 
 
 def advice(bench: BenchRecord, n_hosts: int) -> str | None:

@@ -12,9 +12,10 @@ from typing import Any
 from edgetrain.controller import config as configs
 from edgetrain.controller import inventory, launch, overlap, placement, plots, supervisor
 from edgetrain.controller import program as programs
-from edgetrain.controller import strategies
+from edgetrain.controller import speeds, strategies
 from edgetrain.controller.bench import record
-from edgetrain.controller.bench.model import Allreduce, Prediction, SyncCandidate, best_per_mode, choose, evaluation_interval, median, predict
+from edgetrain.controller.bench.model import (Allreduce, BatchChoice, Prediction, SyncCandidate, best_per_mode, choose, choose_batches,
+                                              evaluation_interval, median, predict)
 from edgetrain.controller.bench.record import BenchRecord, Point, SyncChoice, Trial
 from edgetrain.controller.config import Attempt
 from edgetrain.controller.program import JobOptions, Program
@@ -171,6 +172,7 @@ class Bench:
         self.candidates: list[SyncCandidate] = []  # (s), at every N: predicted, and measured where tried
         self.choice: SyncChoice | None = None
         self.each_node: list[Trial] | None = None  # (t), once timed
+        self.batch_choice: BatchChoice | None = None  # (t), once chosen
         self.plot: Path | None = None  # bench.svg, once drawn
         self.started = time.monotonic()
 
@@ -339,6 +341,7 @@ class Bench:
         if self.sync_candidates:
             self.choose_sync()
         self.time_each_node()
+        self.choose_batches()
         points = self.points()
         saved = self.save(points)
         if not any(t.status == runs.Status.COMPLETED.value for t in self.trials):
@@ -362,6 +365,20 @@ class Bench:
             self.save()
         self.log("(t) each node alone: " + ", ".join(
             f"{t.host} " + (f"{t.images_per_sec:,.0f} img/s" if t.images_per_sec else "no img/s") + f" ({t.run})" for t in self.each_node))
+
+    def choose_batches(self) -> None:
+        """(t): whether batches by speed pay on the benched nodes, from the rates `run --batch-by speed`
+        takes from this bench."""
+        hosts = [h.name for h in self.left[:self.nodes[-1]]]
+        if len(hosts) < 2:
+            return
+        rates = speeds.from_bench(self.save(), self.root).measured
+        missing = [h for h in hosts if h not in rates]
+        if missing:
+            self.log(f"(t) no --batch-by chosen: no img/s of {', '.join(missing)} alone")
+            return
+        c = self.batch_choice = choose_batches([rates[h] for h in hosts])
+        self.log(f"(t) on {c.nodes} nodes, chose --batch-by {c.batch_by.value}: {c.said()}")
 
     @property
     def left(self) -> list[inventory.Host]:
@@ -500,6 +517,7 @@ class Bench:
             predicted_range={n: (e.low, e.high) for n, e in self.predicted.items()},
             trials=tuple(self.trials), each_node=tuple(self.each_node) if self.each_node is not None else None,
             points=tuple(points) if points else None,
-            sync_candidates=tuple(self.candidates), sync_choice=self.choice, seconds=round(time.monotonic() - self.started, 1))
+            sync_candidates=tuple(self.candidates), sync_choice=self.choice, batch_choice=self.batch_choice,
+            seconds=round(time.monotonic() - self.started, 1))
         record.write(self.dir, bench)
         return bench
