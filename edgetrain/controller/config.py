@@ -89,6 +89,11 @@ def resolve(program: Program, *, strategy: str = DEFAULT, tf_port: int = PORT_FL
     for flag, port in ports.items():
         if not 1024 <= port <= 65000:
             raise UsageError(f"--{flag.replace('_', '-')} {port} must be between 1024 and 65000")
+    speeds = settings.get("speeds")
+    if speeds is not None and speeds.chosen and (fixed := batches_fixed(chosen, program)):
+        # auto promises the better of the two that can run, so a run that cannot split unevenly takes equal batches.
+        settings.get("log", print)(f"--batch-by auto: equal after all, as {fixed[0]}")
+        settings["speeds"] = None
     config = LaunchConfig(program, strategy=chosen, port=ports[chosen.port_option] if chosen.port_option else 0,
                           restarts=restarts, **settings)
     check(config)
@@ -107,13 +112,17 @@ def check(config: LaunchConfig) -> None:
         config.strategy.check_args(config.program.args)
     config.strategy.check_tasks(config.np, config.ps)
     config.restarts.check(config.program)
-    if config.speeds is not None:
-        if not config.strategy.uneven_batches:
-            raise UsageError(f"--batch-by speed sizes each rank's batch, and --strategy {config.strategy.name} splits one global batch "
-                             "itself", "use --strategy horovod or torch, or drop --batch-by speed")
-        if config.program.checkpoint_options.get("sync_mode") == SyncMode.WEIGHTS:
-            raise UsageError("--batch-by speed weights each rank's gradient in the ranks' average; --sync-mode weights averages "
-                             "models each rank trained at its own rate", "use --sync-mode grads, or drop --batch-by speed")
+    if config.speeds is not None and (fixed := batches_fixed(config.strategy, config.program)):
+        raise UsageError(f"--batch-by speed sizes each rank's batch and weights its gradient, and {fixed[0]}", fixed[1])
+
+
+def batches_fixed(strategy: Strategy, program: Program) -> tuple[str, str] | None:
+    """Why this run's ranks cannot train batches of their own sizes, and what to do; None where they can."""
+    if not strategy.uneven_batches:
+        return f"--strategy {strategy.name} splits one global batch itself", "use --strategy horovod or torch, or drop --batch-by speed"
+    if program.checkpoint_options.get("sync_mode") == SyncMode.WEIGHTS:
+        return "--sync-mode weights averages models each rank trained at its own rate", "use --sync-mode grads, or drop --batch-by speed"
+    return None
 
 
 @dataclass(frozen=True)

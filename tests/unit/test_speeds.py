@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.controller import placement, speeds
+from edgetrain.controller import config as configs, placement, program as programs, speeds
 from edgetrain.controller.bench.record import BenchRecord
 from edgetrain.controller.inventory import Host
 from edgetrain.shared import record, runs
 from edgetrain.shared.batches import SPEEDS_ENV, BatchBy
 from edgetrain.shared.errors import UsageError
+from edgetrain.shared.job_options import JobOptions
+from edgetrain.shared.sync import SyncMode
 from tests.conftest import assert_one_line_error, edgetrain
 
 
@@ -139,3 +141,15 @@ def test_batch_by_auto_takes_the_newest_benchs_choice_with_its_rates_and_else_eq
     r = edgetrain("run", "lenet", "--batch-by", "auto", "--np", "0", "--runs-dir", str(root))
     assert "--batch-by auto: equal, chosen by bench 20261206-000000-bench-lenet-ffff on 3 nodes" in r.stdout, r.stdout
     assert_one_line_error(r, "--np 0", code=2)
+
+
+def test_auto_takes_equal_batches_where_the_run_cannot_split_them_unevenly_and_speed_is_refused():
+    weights = programs.resolve("lenet", [], JobOptions(sync_every=2, sync_mode=SyncMode.WEIGHTS))
+    chosen = speeds.NodeSpeeds({"node1": 500.0, "node2": 250.0}, bench="b", chosen=True)
+    said: list[str] = []
+    assert configs.resolve(weights, np=2, speeds=chosen, log=said.append).speeds is None
+    assert said == ["--batch-by auto: equal after all, as --sync-mode weights averages models each rank trained at its own rate"]
+    with pytest.raises(UsageError, match="--sync-mode weights averages models"):
+        configs.resolve(weights, np=2, speeds=replace(chosen, chosen=False), log=said.append)
+    grads = programs.resolve("lenet", [], JobOptions(sync_every=2))
+    assert configs.resolve(grads, np=2, speeds=chosen, log=said.append).speeds == chosen and len(said) == 1
