@@ -230,6 +230,7 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
                 raise EdgetrainError(f"run {run.id} holds a {ran} checkpoint, not {program.name}", f"resume it with: {command_of(run, ran)}")
             resumed_epoch = _resume_point(rt, run, program, attempt.np, config.log)
             lock = run.lock()  # after the checks, which only read: a refused resume leaves no trace
+            failures.clear_all(run.path)
         else:
             run = created = runs.create(root, program.name, config.run_id)
             lock = run.lock()

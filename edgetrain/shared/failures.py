@@ -100,6 +100,15 @@ def clear(run_dir: Path, rank: int) -> None:
     ended_path(run_dir, rank).unlink(missing_ok=True)
 
 
+def clear_all(run_dir: Path) -> None:
+    """Forget how every rank ended the run's earlier attempt. The controller's copies need it: a
+    node sends home only the records its ranks wrote this attempt, so a rank that could write none
+    (its disk full) would leave the last attempt's record to be blamed."""
+    layout = RunLayout(run_dir)
+    for rank in {*layout.rank_files(RankFile.FAILURE), *layout.rank_files(RankFile.ENDED)}:
+        clear(run_dir, rank)
+
+
 def write(run_dir: Path, rank: int, host: str, error: str, tb: str | None, fix: str | None = None,
           kind: Kind = Kind.EXCEPTION) -> Failure:
     f = Failure(rank, host, os.getpid(), error, time.time(), fix, tb[-4000:] if tb else None, kind,

@@ -299,3 +299,21 @@ def test_a_node_that_refuses_a_new_connection_does_not_answer():
         begun = time.monotonic()
         assert not nodes.answers(refused) and time.monotonic() - begun < 10
         assert nodes.answers(replace(host("here"), connection="local"))
+
+
+def test_a_resumed_attempt_forgets_the_last_ones_records_so_a_rank_that_could_write_none_is_named_by_its_report(tmp_path):
+    # Seen in a storm: rank 0's disk filled, so its record of this attempt was never written and
+    # never came home; the home copy from the attempt before (a peer lost) was blamed instead.
+    plan = placement.plan(Inventory(Path("inv"), (host("node1", groups=("head", "rpi")), host("node2"))), 2)
+    failures.write(tmp_path, 0, "node1", "Horovod has been shut down. This was caused by an exception on one of the ranks", None)
+    failures.mark_ended(tmp_path, 1)
+    (tmp_path / "rank.0.log").write_text("rank 0/2 on node1 (pid 41)\n")
+    reported = failures.Failure(0, "node1", 41, f"{failures.RUN_DIR_FULL}{failures.WRITING}checkpoints/epoch-0045", time.time())
+
+    def found() -> blame.Finding:
+        return blame.find(blame.Observed(runs.Run(tmp_path), plan, ["EXIT CODE: 1"], reported=(reported,)))
+
+    assert failures.RUN_DIR_FULL not in found().error  # the stale records are blamed while they are there
+    failures.clear_all(tmp_path)
+    assert failures.read_all(tmp_path) == [] and failures.ended(tmp_path) == [] and (tmp_path / "rank.0.log").exists()
+    assert (found().rank, found().error) == (0, reported.error)
