@@ -1,4 +1,4 @@
-"""The headline of README.md and docs/scaling.md as code: ``python -m lab.headline`` writes its tables
+"""The headline of README.md and docs/scaling.md (and docs/cli.md's storm table) as code: ``python -m lab.headline`` writes its tables
 between their markers from the kept benches (docs/benches/), and ``python -m lab.headline --check``
 names every table and every figure of the sentences around them that the benches do not give
 (tests/unit/test_headline.py runs the check). The pooling is lab.pooled's, the model bench's.
@@ -352,7 +352,7 @@ def main() -> None:
     if not p.parse_args().check:
         write()
     problems = check()
-    print("\n".join(problems) or "README.md and docs/scaling.md say what docs/benches/ gives")
+    print("\n".join(problems) or "README.md, docs/scaling.md and docs/cli.md say what docs/benches/ gives")
     sys.exit(1 if problems else 0)
 
 

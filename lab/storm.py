@@ -607,7 +607,8 @@ def docs_table(record: dict) -> str:
     return "\n".join(rows) + (
         f"\n\nSeed {record['seed']}, {len(record['faults'])} faults, {record['epochs']} epochs in {record['took_seconds'] / 60:.1f} "
         f"minutes, {record['lost_seconds']:.0f} s lost in all: the run completed over {record['attempts']} attempts; "
-        f"{record['checkpoints_verified']} checkpoints verified against their manifests; epochs trained twice: {twice}.{accuracy}")
+        f"{record['checkpoints_verified']} checkpoints verified against their manifests; epochs trained twice: {twice} (each the "
+        f"one in progress when its attempt ended).{accuracy}")
 
 
 def run_on(tid: str, inventory: str, seed: int, minutes: float, faults: int, max_steps: int | None, compare: bool,
