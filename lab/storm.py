@@ -586,8 +586,8 @@ def compared(st: Storm, runs_dir: Path, recipe: tuple[str, ...]) -> tuple[str, d
 # docs/cli.md's table is the storm of this JSON, as docs_table writes it (lab/headline.py checks).
 KEPT = ROOT / "docs" / "benches" / "storm"
 REPORTED = KEPT / "seed7-10faults.json"
-MET = {Kind.CONTAINER: "restarted without {node}, taken back {over:.0f} s after", Kind.LINK: "restarted without {node}, taken back {over:.0f} s after",
-       Kind.CPU: "slower, nothing ended", Kind.DISK: "ended naming {node}; filler removed; resumed",
+_TAKEN_BACK = "restarted without {node}, taken back {over:.0f} s after"
+MET = {Kind.CONTAINER: _TAKEN_BACK, Kind.LINK: _TAKEN_BACK, Kind.CPU: "slower, nothing ended", Kind.DISK: "ended naming {node}; filler removed; resumed",
        Kind.CONTROLLER: "`runs show`: abandoned; its command resumed"}  # what the checks hold each kind to when the storm passed
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -89,13 +89,12 @@ def resolve(program: Program, *, strategy: str = DEFAULT, tf_port: int = PORT_FL
     for flag, port in ports.items():
         if not 1024 <= port <= 65000:
             raise UsageError(f"--{flag.replace('_', '-')} {port} must be between 1024 and 65000")
-    speeds = settings.get("speeds")
-    if speeds is not None and speeds.chosen and (fixed := batches_fixed(chosen, program)):
-        # auto promises the better of the two that can run, so a run that cannot split unevenly takes equal batches.
-        settings.get("log", print)(f"--batch-by auto: equal after all, as {fixed[0]}")
-        settings["speeds"] = None
     config = LaunchConfig(program, strategy=chosen, port=ports[chosen.port_option] if chosen.port_option else 0,
                           restarts=restarts, **settings)
+    if config.speeds is not None and config.speeds.chosen and (fixed := batches_fixed(chosen, program)):
+        # auto promises the better of the two that can run, so a run that cannot split unevenly takes equal batches.
+        config.log(f"--batch-by auto: equal after all, as {fixed[0]}")
+        config = replace(config, speeds=None)
     check(config)
     return config
 
