@@ -332,14 +332,14 @@ class Progress(tf.keras.callbacks.Callback):
             self.evaluated(metrics["val_accuracy"], metrics.get("val_loss"), self.test_seconds, self.validation_examples)
         self.wall.epoch_ends()
         self.cpu.epoch_ends()
-        if self.monitor != "val_accuracy" and self.target is not None and metrics.get(self.monitor, -1.0) >= self.target:
+        if self.monitor != "val_accuracy" and self.target is not None and runs.reaches(metrics.get(self.monitor, -1.0), self.target):
             self._stop()
 
     def evaluated(self, val_accuracy: float, val_loss: float | None, seconds: float, examples: int | None) -> None:
         """Record an evaluation of the model as it is after this epoch's ``steps_done`` steps (the
         same figures on every rank), and stop training once it reaches the target."""
         reached = (self.target is not None and self.monitor == "val_accuracy" and not self.reached_target
-                   and val_accuracy >= self.target)
+                   and runs.reaches(val_accuracy, self.target))
         record = {"kind": "eval", "epoch": self.epoch + 1, "step": self.steps_done,
                   "seconds": time.time() - (self.first_step or self.started), "train_seconds": self.train_seconds(),
                   "images": ((self.epoch * self.steps) + self.steps_done) * (self.global_batch or 0) or None,

@@ -1,4 +1,4 @@
-"""The headline of README.md and docs/scaling.md (and docs/cli.md's storm table) as code: ``python -m lab.headline`` writes its tables
+"""The headline of README.md and docs/scaling.md (and the mixed-cluster and storm tables) as code: ``python -m lab.headline`` writes its tables
 between their markers from the kept benches (docs/benches/), and ``python -m lab.headline --check``
 names every table and every figure of the sentences around them that the benches do not give
 (tests/unit/test_headline.py runs the check). The pooling is lab.pooled's, the model bench's.
@@ -25,16 +25,14 @@ from edgetrain.controller.bench import model
 from edgetrain.shared.datasets import HOLDOUT_SPLIT
 from edgetrain.shared.job_options import BY_NAME
 from edgetrain.shared.sync import Sync
-from lab import pooled, storm
+from lab import mixed_bench, pooled, storm
+from lab.protocol import TUNING_SEEDS
 
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "docs" / "benches"
 README = ROOT / "README.md"
 SCALING = ROOT / "docs" / "scaling.md"
 CLI = ROOT / "docs" / "cli.md"
-
-# The protocol (docs/scaling.md): tuning seeds are these, and no reported bench uses one.
-TUNING_SEEDS = range(10, 20)
 
 
 @dataclass(frozen=True)
@@ -279,6 +277,7 @@ CLAIMS = (
 BEGIN = "<!-- {}: written by python -m lab.headline from docs/benches/; edit that, not this -->"
 END = "<!-- end of {} -->"
 BLOCKS = ((README, "headline table", readme_table), (SCALING, "headline table", scaling_table),
+          (SCALING, mixed_bench.NAME, lambda: mixed_bench.table(mixed_bench.kept())),
           (CLI, "storm table", lambda: storm.docs_table(json.loads(storm.REPORTED.read_text()))))
 
 

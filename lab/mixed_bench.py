@@ -2,7 +2,8 @@
 ``--batch-by speed``, against the Pi 5 alone and against three Pi 4s, on the testbed:
 
     sudo .venv/bin/python -m lab mixed-bench ID -i INVENTORY --seeds 60,61,62 --out docs/benches/mixed
-    .venv/bin/python -m lab.mixed_bench [--write]   # the table from the kept JSONs (docs/scaling.md's with --write)
+    .venv/bin/python -m lab.mixed_bench             # the table from the kept JSONs
+    .venv/bin/python -m lab.headline                # writes it in docs/scaling.md, with the other kept tables
 
 ID is a testbed of three nodes provisioned as a container cluster with its images distributed
 (tests/cluster's ``cluster`` fixture; EDGETRAIN_TESTBED_KEEP=1 keeps one), INVENTORY its docker
@@ -52,7 +53,7 @@ from edgetrain.shared.jobs import JOBS
 
 from . import pooled
 from .emulation import MODELS, Emulation, calibrate
-from .headline import BEGIN, END, SCALING, TUNING_SEEDS, block
+from .protocol import TUNING_SEEDS
 from .testbed import DEFAULT_ROOT, Testbed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +126,36 @@ def newest(runs_dir: Path) -> runs.Run:
     return runs.all_runs(runs_dir)[-1]
 
 
+def to_target(run: runs.Run, target: float) -> dict[str, float | None]:
+    """A run's seconds and images to the target from its evaluations (runs.first_reaching), and its
+    seconds from the command (its last attempt's launch counted in)."""
+    reached = runs.first_reaching(run, target)
+    attempts = run.record().attempts
+    launched = attempts[-1].first_step_s if attempts else None
+    if reached is None:
+        return {"seconds_to_target": None, "images_to_target": None, "seconds_to_target_from_launch": None}
+    return {"seconds_to_target": reached["seconds"], "images_to_target": reached.get("images"),
+            "seconds_to_target_from_launch": launched + reached["seconds"] if launched is not None else None}
+
+
+def rescore(path: Path, runs_dir: Path) -> list[str]:
+    """A kept sitting's times to the target read again from its runs by today's ``runs.reaches``, the
+    sitting's own kept under ``rescored``; what changed, a line each."""
+    record = json.loads(path.read_text())
+    changed, before = [], {}
+    for r in record["runs"]:
+        now = to_target(runs.Run(runs_dir / r["run"]), record["options"]["target"])
+        old = {k: r[k] for k in now}
+        if now != old:
+            before[r["setup"]] = old
+            changed.append(f"{path.name}: {r['setup']}: {old['seconds_to_target']} -> {now['seconds_to_target']} s")
+            r.update(now)
+    if before:
+        record["rescored"] = {"why": "runs.reaches: an accuracy a rounding below the target counts as there", "as_run": before}
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    return changed
+
+
 class Sitting:
     """One seed's four configurations on a recorded testbed, and the nodes' rates alone."""
 
@@ -192,8 +223,6 @@ class Sitting:
         wall = round(time.monotonic() - start, 1)
         run = newest(self.runs_dir)
         record = run.record()
-        reached = runs.first_reaching(run, self.o.target)
-        launched = record.attempts[-1].first_step_s if record.attempts else None
         tested = run.test_score()
         found: dict[str, Any] = {
             "setup": setup.name, "position": position, "nodes": [n for n, _ in placed], "boards": [b for _, b in placed],
@@ -201,9 +230,7 @@ class Sitting:
             "speeds_from": record.placement.speeds_from if record.placement else None,
             "batches": record.placement.batches if record.placement else None,
             "alone_images_per_sec": [rates[n] for n, _ in placed],
-            "images_per_sec": runner.steady_rate(run),
-            "seconds_to_target": reached and reached.get("seconds"), "images_to_target": reached and reached.get("images"),
-            "seconds_to_target_from_launch": launched + reached["seconds"] if reached and launched is not None else None,
+            "images_per_sec": runner.steady_rate(run), **to_target(run, self.o.target),
             "test_accuracy": tested and tested.get("test_accuracy"), "status": run.status().value, "run": run.id,
             "wall_seconds": wall,
         }
@@ -343,24 +370,16 @@ def kept(folder: Path = KEPT) -> list[dict]:
     return records
 
 
-NAME = "mixed-cluster table"
-
-
-def write(path: Path = SCALING, folder: Path = KEPT) -> None:
-    text = path.read_text()
-    found = block(text, NAME)
-    if found is None:
-        raise SystemExit(f"{path}: no {NAME} markers ({BEGIN.format(NAME)} ... {END.format(NAME)})")
-    path.write_text(text[:found.start(1)] + table(kept(folder)) + text[found.end(1):])
+NAME = "mixed-cluster table"  # its markers in docs/scaling.md, which lab.headline writes and checks
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m lab.mixed_bench", description="the mixed-cluster table from the kept sittings")
     p.add_argument("--kept", type=Path, default=KEPT, help="the folder of sittings (one JSON per seed)")
-    p.add_argument("--write", action="store_true", help=f"write it between its markers in {SCALING.relative_to(ROOT)}")
+    p.add_argument("--rescore", type=Path, metavar="RUNS_DIR", help="first read each sitting's times to the target again from its runs there")
     args = p.parse_args(argv)
-    if args.write:
-        write(folder=args.kept)
+    if args.rescore:
+        print("\n".join(line for path in sorted(args.kept.glob("*.json")) for line in rescore(path, args.rescore)) or "nothing changed")
     print(table(kept(args.kept)))
 
 

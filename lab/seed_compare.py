@@ -74,7 +74,7 @@ def edgetrain(inv: str, n: int, target: float, epochs: int, runs_dir: str, extra
     if r.returncode != 0:
         raise SystemExit(f"edgetrain on {n} nodes failed:\n{r.stderr[-2000:]}")
     run = runs.all_runs(Path(runs_dir))[-1]
-    hit = next((e for e in run.evaluations() if e["val_accuracy"] >= target), None)
+    hit = runs.first_reaching(run, target)
     return {"who": "edgetrain", "nodes": n, "images_per_sec": round(runner.steady_rate(run) or 0, 1),
             "seconds_to_target": round(hit["seconds"], 1) if hit else None, "images_to_target": hit and hit.get("images"),
             "run": run.id, "extra": extra}

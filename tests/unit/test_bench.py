@@ -154,6 +154,15 @@ def test_time_to_the_target_is_read_one_way_for_runs_show_and_bench(tmp_path):
     assert runs.first_reaching(run, 0.99) is None
 
 
+def test_an_accuracy_a_rounding_below_the_target_reaches_it_and_one_example_below_does_not(tmp_path):
+    # 5,940 of 6,000 is 99.0%; averaged over three ranks' 2,000 each it comes out a rounding below.
+    averaged = sum(c / 2000 for c in (1981, 1979, 1980)) / 3
+    assert averaged < 0.99 and runs.reaches(averaged, 0.99)
+    assert runs.reaches(0.99, 0.99) and not runs.reaches(5939 / 6000, 0.99)
+    evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "seconds": 40.0 * k, "val_accuracy": acc} for k, acc in ((1, 5939 / 6000), (2, averaged))]
+    assert runs.first_reaching(_run_with(tmp_path / "r", evals), 0.99)["step"] == 20
+
+
 def test_the_cores_a_runs_training_keeps_busy_come_from_its_last_evaluation(tmp_path):
     # Two ranks, one a node: 30 CPU-s in 60 s of training steps is a quarter of a core on each.
     evals = [{"kind": "eval", "epoch": 1, "step": 10 * k, "images": 640 * k, "seconds": 40.0 * k, "train_seconds": 30.0 * k,
