@@ -309,6 +309,30 @@ def efficiency(record: dict, setup: Setup) -> float | None:
     return r["images_per_sec"] / sum(alone) if r["images_per_sec"] and alone and all(alone) else None
 
 
+def step_split(record: dict, setup: Setup) -> tuple[float, float] | None:
+    """A configuration's step in ms (its global batch over its img/s) and the part of it its slowest
+    rank needs to compute its batch at its rate alone; the rest is the allreduce and the waiting for
+    it. None where a rate is missing."""
+    r = by_setup(record)[setup.name]
+    alone = r["alone_images_per_sec"]
+    batches = r.get("batches") or [JOB.batch_size] * len(alone)
+    if not r["images_per_sec"] or not alone or not all(alone):
+        return None
+    return 1000 * sum(batches) / r["images_per_sec"], 1000 * max(b / a for b, a in zip(batches, alone, strict=True))
+
+
+def steps_line(records: list[dict]) -> str:
+    """Where a step of the mixed cluster went, by the sittings' means: what --batch-by speed cannot shrink."""
+    said = []
+    for setup, name in ((EQUAL, "equal batches"), (BY_SPEED, "by speed")):
+        got = [s for s in (step_split(r, setup) for r in records) if s]
+        if got:
+            step, compute = (statistics.fmean(x) for x in zip(*got, strict=True))
+            said.append(f"{name} {step:.0f} ms, its slowest rank computing {compute:.0f} ms of it")
+    return ("A step of the mixed cluster (the sittings' mean): " + "; ".join(said) + ". The rest is the allreduce and the wait "
+            "for it, which batches by speed do not shrink.") if said else ""
+
+
 def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
@@ -356,7 +380,9 @@ def table(records: list[dict]) -> str:
             + " | measured: geometric mean (95% interval; seeds) | target | |")
     rows = [ratio_row(records, SOONER_THAN_ALONE, PI5_ALONE, BY_SPEED), ratio_row(records, SOONER_THAN_EQUAL, EQUAL, BY_SPEED),
             ratio_row(records, EQUAL_THAN_ALONE, PI5_ALONE, EQUAL), efficiency_row(records)]
-    return "\n".join([head, "|---|---|---|---|", *rows, "", f"Seeds, one sitting each: {', '.join(map(str, seeds))}."])
+    steps = steps_line(records)
+    return "\n".join([head, "|---|---|---|---|", *rows, "", *([steps, ""] if steps else []),
+                      f"Seeds, one sitting each: {', '.join(map(str, seeds))}."])
 
 
 def kept(folder: Path = KEPT) -> list[dict]:

@@ -133,3 +133,18 @@ def test_rescore_reads_the_times_again_by_todays_rule_and_keeps_the_sittings_own
                                                         "seconds_to_target_from_launch": 240.0}
     assert again["rescored"]["as_run"] == {EQUAL.name: missed}
     assert mb.rescore(kept, tmp_path / "runs") == []  # read again, nothing changes
+
+
+def test_a_step_is_split_into_the_slowest_ranks_computing_and_the_rest():
+    record = sitting(60)
+    mb.by_setup(record)[BY_SPEED.name]["batches"] = [96, 48, 48]
+    # equal: 192 images at 650 img/s is 295 ms a step, a Pi 4's 64 at 250 img/s 256 ms of it;
+    # by speed: 192 at 700 img/s 274 ms, the Pi 5's 96 at 500 and a Pi 4's 48 at 250 both 192 ms
+    assert mb.step_split(record, EQUAL) == pytest.approx((1000 * 192 / 650, 256.0))
+    assert mb.step_split(record, BY_SPEED) == pytest.approx((1000 * 192 / 700, 192.0))
+    assert mb.steps_line([record]) == ("A step of the mixed cluster (the sittings' mean): equal batches 295 ms, its slowest rank "
+                                       "computing 256 ms of it; by speed 274 ms, its slowest rank computing 192 ms of it. The rest "
+                                       "is the allreduce and the wait for it, which batches by speed do not shrink.")
+    unmeasured = sitting(61, speed_ips=None)
+    mb.by_setup(unmeasured)[EQUAL.name]["images_per_sec"] = None
+    assert mb.step_split(unmeasured, EQUAL) is None and mb.steps_line([unmeasured]) == ""
