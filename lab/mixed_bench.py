@@ -333,6 +333,28 @@ def steps_line(records: list[dict]) -> str:
             "for it, which batches by speed do not shrink.") if said else ""
 
 
+def prediction_line(records: list[dict]) -> str:
+    """bench's predicted gain of batches by speed over equal ones (model.choose_batches, compute only)
+    from each sitting's rates alone, against the img/s the sittings measured."""
+    pairs = [(model.choose_batches(s["alone_images_per_sec"]).gain, s["images_per_sec"] / e["images_per_sec"] - 1)
+             for s, e in ((by_setup(r)[BY_SPEED.name], by_setup(r)[EQUAL.name]) for r in records)
+             if all(s["alone_images_per_sec"]) and s["images_per_sec"] and e["images_per_sec"]]
+    if not pairs:
+        return ""
+    predicted, measured = (statistics.fmean(x) for x in zip(*pairs, strict=True))
+    return (f"bench predicts from the nodes' rates alone (computing only) {predicted:+.0%} img/s by speed over "
+            f"equal batches (the sittings' mean); the sittings measured {measured:+.0%}.")
+
+
+def rescored_line(records: list[dict]) -> str:
+    """Which times a sitting's own rule read otherwise (rescore)."""
+    said = [f"seed {r['seed']}'s {setup}: {now['seconds_to_target']:.0f} s, "
+            + (f"{old:.0f} s" if (old := was["seconds_to_target"]) is not None else "a miss") + " as it ran"
+            for r in sorted(records, key=lambda r: r["seed"]) if "rescored" in r
+            for setup, was in r["rescored"]["as_run"].items() for now in [by_setup(r)[setup]]]
+    return ("Read again by today's rule (runs.reaches): " + "; ".join(said) + ".") if said else ""
+
+
 def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
@@ -380,8 +402,8 @@ def table(records: list[dict]) -> str:
             + " | measured: geometric mean (95% interval; seeds) | target | |")
     rows = [ratio_row(records, SOONER_THAN_ALONE, PI5_ALONE, BY_SPEED), ratio_row(records, SOONER_THAN_EQUAL, EQUAL, BY_SPEED),
             ratio_row(records, EQUAL_THAN_ALONE, PI5_ALONE, EQUAL), efficiency_row(records)]
-    steps = steps_line(records)
-    return "\n".join([head, "|---|---|---|---|", *rows, "", *([steps, ""] if steps else []),
+    lines = [line for line in (steps_line(records), prediction_line(records), rescored_line(records)) if line]
+    return "\n".join([head, "|---|---|---|---|", *rows, "", *(x for line in lines for x in (line, "")),
                       f"Seeds, one sitting each: {', '.join(map(str, seeds))}."])
 
 

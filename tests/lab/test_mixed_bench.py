@@ -148,3 +148,16 @@ def test_a_step_is_split_into_the_slowest_ranks_computing_and_the_rest():
     unmeasured = sitting(61, speed_ips=None)
     mb.by_setup(unmeasured)[EQUAL.name]["images_per_sec"] = None
     assert mb.step_split(unmeasured, EQUAL) is None and mb.steps_line([unmeasured]) == ""
+
+
+def test_benchs_predicted_gain_stands_beside_the_measured_one_and_a_rescored_time_is_named():
+    # rates alone 500/250/250: by speed 1000 img/s predicted against 3 x 250 = 750 equal, +33%;
+    # measured 700 against 650, +8%
+    record = sitting(60)
+    assert mb.prediction_line([record]) == ("bench predicts from the nodes' rates alone (computing only) "
+                                            "+33% img/s by speed over equal batches (the sittings' mean); the sittings measured +8%.")
+    assert mb.rescored_line([record]) == ""
+    record["rescored"] = {"why": "", "as_run": {EQUAL.name: {"seconds_to_target": None}}}
+    assert mb.rescored_line([record]) == ("Read again by today's rule (runs.reaches): "
+                                          "seed 60's pi5 + 2 pi4, equal batches: 300 s, a miss as it ran.")
+    assert mb.rescored_line([record]) in mb.table([record])
