@@ -126,25 +126,13 @@ def newest(runs_dir: Path) -> runs.Run:
     return runs.all_runs(runs_dir)[-1]
 
 
-def to_target(run: runs.Run, target: float) -> dict[str, float | None]:
-    """A run's seconds and images to the target from its evaluations (runs.first_reaching), and its
-    seconds from the command (its last attempt's launch counted in)."""
-    reached = runs.first_reaching(run, target)
-    attempts = run.record().attempts
-    launched = attempts[-1].first_step_s if attempts else None
-    if reached is None:
-        return {"seconds_to_target": None, "images_to_target": None, "seconds_to_target_from_launch": None}
-    return {"seconds_to_target": reached["seconds"], "images_to_target": reached.get("images"),
-            "seconds_to_target_from_launch": launched + reached["seconds"] if launched is not None else None}
-
-
 def rescore(path: Path, runs_dir: Path) -> list[str]:
     """A kept sitting's times to the target read again from its runs by today's ``runs.reaches``, the
     sitting's own kept under ``rescored``; what changed, a line each."""
     record = json.loads(path.read_text())
     changed, before = [], {}
     for r in record["runs"]:
-        now = to_target(runs.Run(runs_dir / r["run"]), record["options"]["target"])
+        now = asdict(runs.to_target(runs.Run(runs_dir / r["run"]), record["options"]["target"]))
         old = {k: r[k] for k in now}
         if now != old:
             before[r["setup"]] = old
@@ -230,7 +218,7 @@ class Sitting:
             "speeds_from": record.placement.speeds_from if record.placement else None,
             "batches": record.placement.batches if record.placement else None,
             "alone_images_per_sec": [rates[n] for n, _ in placed],
-            "images_per_sec": runner.steady_rate(run), **to_target(run, self.o.target),
+            "images_per_sec": runner.steady_rate(run), **asdict(runs.to_target(run, self.o.target)),
             "test_accuracy": tested and tested.get("test_accuracy"), "status": run.status().value, "run": run.id,
             "wall_seconds": wall,
         }

@@ -386,6 +386,25 @@ def first_reaching(run: Run, target: float | None = None) -> dict[str, Any] | No
     return None
 
 
+@dataclass(frozen=True)
+class ToTarget:
+    """A run's way to a target accuracy, None where it did not get there: seconds and images from its
+    first step (its evaluations'), and seconds from the command, its last attempt's launch counted in."""
+    seconds_to_target: float | None = None
+    images_to_target: int | None = None
+    seconds_to_target_from_launch: float | None = None
+
+
+def to_target(run: Run, target: float) -> ToTarget:
+    """The one reading of a run's time to ``target`` that bench and the lab record."""
+    reached = first_reaching(run, target)
+    if reached is None:
+        return ToTarget()
+    attempts = run.record().attempts
+    launched = attempts[-1].first_step_s if attempts else None
+    return ToTarget(reached["seconds"], reached.get("images"), launched + reached["seconds"] if launched is not None else None)
+
+
 def time_to_target(run: Run) -> str | None:
     """When the run's evaluations reached its target accuracy (or that they did not, with the best
     one); None for a run without evaluation records."""

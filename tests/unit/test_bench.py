@@ -154,6 +154,17 @@ def test_time_to_the_target_is_read_one_way_for_runs_show_and_bench(tmp_path):
     assert runs.first_reaching(run, 0.99) is None
 
 
+def test_the_time_to_a_target_from_the_command_counts_the_last_attempts_launch_in(tmp_path):
+    from edgetrain.shared import record
+    run = runs.create(tmp_path / "runs", "lenet")
+    attempts = [record.Attempt(started=record.now(), command=["edgetrain"], np=2, mpirun=["mpirun"], first_step_s=s) for s in (90.0, 35.5)]
+    run.write(None, job="lenet", status=record.Status.STARTING, attempts=attempts)
+    run.metrics_file.write_text("".join(json.dumps({"kind": "eval", "epoch": k, "step": 10 * k, "seconds": 50.0 * k, "images": 640 * k,
+                                                    "val_accuracy": acc}) + "\n" for k, acc in ((1, 0.95), (2, 0.98))))
+    assert runs.to_target(run, 0.97) == runs.ToTarget(100.0, 1280, 135.5)
+    assert runs.to_target(run, 0.99) == runs.ToTarget(None, None, None)
+
+
 def test_an_accuracy_a_rounding_below_the_target_reaches_it_and_one_example_below_does_not(tmp_path):
     # 5,940 of 6,000 is 99.0%; averaged over three ranks' 2,000 each it comes out a rounding below.
     averaged = sum(c / 2000 for c in (1981, 1979, 1980)) / 3

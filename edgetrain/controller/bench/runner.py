@@ -267,13 +267,10 @@ class Bench:
             raise EdgetrainError(f"run {run.id} recorded no img/s in {run.METRICS}",
                                  f"bench reads a script's figures from {self.strategy.progress}: add it to the script")
         ips = steady_rate(run)
-        reached = runs.first_reaching(run, self.target_accuracy) if self.target_accuracy is not None else None
-        seconds, images = (reached.get("seconds"), reached.get("images")) if reached else (None, None)
+        got = runs.to_target(run, self.target_accuracy) if self.target_accuracy is not None else runs.ToTarget()
         tested = run.test_score()
-        attempts = run.record().attempts
-        launched = attempts[-1].first_step_s if attempts else None
-        return Trial(n, run.id, ips, seconds, images, outcome.state.value, cpu_rate(run), tested["test_accuracy"] if tested else None,
-                     launched + seconds if launched is not None and seconds is not None else None, beside, busy_cores_of(run),
+        return Trial(n, run.id, ips, got.seconds_to_target, got.images_to_target, outcome.state.value, cpu_rate(run),
+                     tested["test_accuracy"] if tested else None, got.seconds_to_target_from_launch, beside, busy_cores_of(run),
                      self._seed(attempt) if self.program.job is not None else None, lost,
                      *(((sync or self.sync).sync_every, (sync or self.sync).sync_mode.value)), program.trained_with, on)
 
