@@ -54,10 +54,6 @@ from edgetrain.shared.progress import REPORT_S, Events, rank0_events
 _restored_epoch = 0
 
 
-def run_dir() -> Path:
-    return Path(os.environ.get("EDGETRAIN_RUN_DIR", "."))
-
-
 def rank_and_size() -> tuple[int, int]:
     """Horovod's rank when it is initialized, else the launcher's, else TF_CONFIG's worker index."""
     hvd = sys.modules.get("horovod.tensorflow")
@@ -179,10 +175,6 @@ def events() -> Events:
     return rank0_events(rank_and_size()[0])
 
 
-def job_name() -> str:
-    return os.environ.get("EDGETRAIN_JOB") or Path(sys.argv[0]).stem
-
-
 def restore(state: tf.train.Checkpoint) -> int:
     """Load the checkpoint of a resumed run into ``state`` on rank 0 (its files verified against
     the manifest first) and return the epoch to start from, the same on every rank. Horovod's
@@ -271,7 +263,7 @@ class Progress(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.steps = self.params.get("steps") or 0
         uneven = {"batches": list(self.batches.sizes)} if self.batches and not self.batches.even else {}
-        self.events.emit("start", job=job_name(), ranks=self.size, epochs=self.params.get("epochs"),
+        self.events.emit("start", job=runs.job_name(), ranks=self.size, epochs=self.params.get("epochs"),
                          initial_epoch=_restored_epoch, steps=self.steps,
                          versions=_versions(), **uneven)
 
@@ -374,7 +366,7 @@ class Progress(tf.keras.callbacks.Callback):
         self.model.stop_training = True
 
     def _append(self, record: dict) -> None:
-        runs.Run(run_dir()).append_metrics([record])
+        runs.this_run().append_metrics([record])
 
 
 class Evaluations(tf.keras.callbacks.Callback):
@@ -477,7 +469,7 @@ class Checkpoints(tf.keras.callbacks.Callback):
         if self.rank != 0:
             return
         metrics = self.progress.last if self.progress else {"epoch": epoch + 1}
-        checkpoints.write(runs.Run(run_dir()).checkpoints, epoch + 1, job_name(), metrics,
+        checkpoints.write(runs.this_run().checkpoints, epoch + 1, runs.job_name(), metrics,
                           lambda d: self.state.write(str(d / "state")), extra={"rank": 0, **self.extra})
 
 
@@ -489,5 +481,5 @@ def callbacks(state: tf.train.Checkpoint | None = None, *, batch_size: int | Non
     if state is not None:
         found.append(Checkpoints(state, progress, extra))
     if tensorboard and progress.rank == 0:
-        found.append(tf.keras.callbacks.TensorBoard(log_dir=str(runs.Run(run_dir()).tensorboard), profile_batch=0))
+        found.append(tf.keras.callbacks.TensorBoard(log_dir=str(runs.this_run().tensorboard), profile_batch=0))
     return found

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,18 +59,10 @@ from edgetrain.shared.sync import EVERY_STEP, Sync, SyncMode
 STATE = "state.pt"
 
 
-def run_dir() -> Path:
-    return Path(os.environ.get("EDGETRAIN_RUN_DIR", "."))
-
-
 def rank_and_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def job_name() -> str:
-    return os.environ.get("EDGETRAIN_JOB") or Path(sys.argv[0]).stem
 
 
 def batches(batch_size: int) -> Batches:
@@ -150,7 +141,7 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, epoch:
     state = {"model": _module(model).state_dict(), "optimizer": optimizer.state_dict() if optimizer is not None else None}
     if sync is not None:
         state["sync"] = sync.state_dict()
-    checkpoints.write(runs.Run(run_dir()).checkpoints, epoch, job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
+    checkpoints.write(runs.this_run().checkpoints, epoch, runs.job_name(), metrics or {}, lambda d: torch.save(state, d / STATE))
 
 
 class Progress:
@@ -174,7 +165,7 @@ class Progress:
         self.cpu_trained = 0.0  # and this rank's training CPU seconds
         self.board = self._tensorboard()
         uneven = {"batches": list(plan.sizes)} if plan and not plan.even else {}
-        self.events.emit("start", job=job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
+        self.events.emit("start", job=runs.job_name(), ranks=self.size, epochs=epochs, initial_epoch=start, steps=steps,
                          versions={"torch": torch.__version__}, **uneven)
 
     def _tensorboard(self):
@@ -184,7 +175,7 @@ class Progress:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # TensorBoard is not installed: the rest works without it
             return None
-        return SummaryWriter(str(runs.Run(run_dir()).tensorboard))
+        return SummaryWriter(str(runs.this_run().tensorboard))
 
     def step(self, loss: float) -> None:
         self.done += 1
@@ -217,7 +208,7 @@ class Progress:
                           "val_loss": record.get("val_loss"), "eval_seconds": now - self.last_step_at, "ranks": self.size,
                           **self._cpu_seconds()})
         if self.rank == 0:
-            runs.Run(run_dir()).append_metrics(lines)
+            runs.this_run().append_metrics(lines)
             self.events.emit("epoch", **record)
             if self.board is not None:
                 for k, v in record.items():

@@ -47,6 +47,8 @@ class Launch:
     lock: runs.RunLock
     events_token: str  # marks this attempt's own events on mpirun's stream (edgetrain.shared.progress)
     recorder: Recorder  # the attempt's one writer of run.json
+    held: allocation.Allocation | None  # the Slurm job the run is inside, read once (allocation.current)
+    left_out: tuple[inventory.Host, ...]  # the inventory's hosts this attempt excluded, where --rejoin looks
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -198,8 +200,8 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
     started = time.monotonic()
     program = config.program
     held = allocation.current()
-    inv = allocation.within(inventory.load(config.inventory), held)
-    inv = replace(inv, hosts=tuple(h for h in inv.hosts if h.name not in attempt.excluded))
+    known = allocation.within(inventory.load(config.inventory), held)
+    inv = replace(known, hosts=tuple(h for h in known.hosts if h.name not in attempt.excluded))
     if held is not None and attempt.np > sum(h.slots for h in inv.hosts):
         raise EdgetrainError(f"--np {attempt.np} needs more ranks than the {sum(h.slots for h in inv.hosts)} tasks Slurm job {held.job_id} holds",
                              "lower --np, or ask Slurm for more (sbatch -n, or edgetrain submit)")
@@ -245,7 +247,8 @@ def prepare(config: LaunchConfig, attempt: Attempt) -> Launch:
             recorder.update(job=program.name, status=Status.FAILED, error=str(exc))
             raise
         argv = rt.mpirun(run, worker, config.expendable, token)
-        launch = Launch(config, attempt, plan, rt, run, argv, manifest, resumed_epoch, lock, token, recorder, started)
+        launch = Launch(config, attempt, plan, rt, run, argv, manifest, resumed_epoch, lock, token, recorder, held,
+                        tuple(h for h in known.hosts if h.name in attempt.excluded), started)
         _record(launch, inv)
         return launch
     except BaseException as exc:
@@ -342,7 +345,7 @@ def execute(launch: Launch, on_event: Callable[[dict[str, Any]], None], on_outpu
                             text=True, errors="replace", env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - one libc call (prctl), loaded before the fork
     launch.runtime.attach(proc)
-    watched = Watched(launch, observers.Observers.start(launch.runtime, launch.run.id, launch.events_token, proc), on_event, on_output)
+    watched = Watched(launch, observers.Observers.start(launch.runtime, launch.run.id, launch.events_token, proc, launch.held), on_event, on_output)
     state, code = Status.FAILED, 1
     try:
         watched.follow()
@@ -432,7 +435,7 @@ class Watched:
         elif isinstance(action, monitor.Lose):
             launch.runtime.lose(action.host)
         elif isinstance(action, monitor.LookFor):
-            watcher.look_for(h for h in inventory.load(launch.config.inventory).hosts if h.name in action.names)
+            watcher.look_for(h for h in launch.left_out if h.name in action.names)
         elif isinstance(action, monitor.Stop):
             if action.end_watch:
                 watcher.end()

@@ -119,13 +119,14 @@ class Watcher(threading.Thread):
     attempt waits for the look under way (Observers.stop) - a head cut off took 45 s to end
     the run where 27 s went to its verdict."""
 
-    def __init__(self, runtime: runtimes.Runtime, run_id: str, post: Callable[[Event], None], interval: float = LOOK_EVERY) -> None:
+    def __init__(self, runtime: runtimes.Runtime, run_id: str, post: Callable[[Event], None],
+                 held: allocation.Allocation | None = None, interval: float = LOOK_EVERY) -> None:
         super().__init__(daemon=True, name="edgetrain-watcher")
         self.runtime, self.container, self.post, self.interval = runtime, f"edgetrain-{run_id}", post, interval
         self._ended = threading.Event()
         self._hurry = threading.Event()
         self._asked: queue.SimpleQueue[tuple[inventory.Host, ...]] = queue.SimpleQueue()
-        self.held = allocation.current()  # the Slurm job the run is inside, whose nodes Slurm may take away
+        self.held = held  # the Slurm job the run is inside, whose nodes Slurm may take away
 
     def end(self) -> None:
         self._ended.set()
@@ -190,10 +191,11 @@ class Observers:
     watcher: Watcher
 
     @classmethod
-    def start(cls, runtime: runtimes.Runtime, run_id: str, token: str | None, proc: subprocess.Popen[str]) -> Observers:
+    def start(cls, runtime: runtimes.Runtime, run_id: str, token: str | None, proc: subprocess.Popen[str],
+              held: allocation.Allocation | None) -> Observers:
         events: queue.Queue[Event] = queue.Queue()
         assert proc.stdout is not None
-        found = cls(events, Reader(proc.stdout, token, events.put), Watcher(runtime, run_id, events.put))
+        found = cls(events, Reader(proc.stdout, token, events.put), Watcher(runtime, run_id, events.put, held))
         found.reader.start()
         found.watcher.start()
         return found

@@ -35,11 +35,10 @@ import numpy as np
 import tensorflow as tf
 
 from edgetrain import callbacks as et
-from edgetrain.shared import datasets, job_options, learning_rate
+from edgetrain.shared import datasets, job_options, learning_rate, runs
 from edgetrain.shared.batches import Batches
 from edgetrain import gpu, tracing
 from edgetrain.shared.jobs import get as get_job
-from edgetrain.shared.layout import RunLayout
 from edgetrain.shared.sync import Sync, SyncMode
 
 EVAL_BATCH = 512
@@ -242,7 +241,7 @@ def _callbacks(job, state, data: _Data, val_ds, args: argparse.Namespace, lr: fl
         progress,
         et.Evaluations(progress, val_ds, args.eval_every, before=before_evaluation) if args.eval_every else None,
         et.Checkpoints(state, progress, extra={"options": checkpoint_options(args)}),
-        tf.keras.callbacks.TensorBoard(log_dir=str(RunLayout(et.run_dir()).tensorboard), profile_batch=0) if rank == 0 else None,
+        tf.keras.callbacks.TensorBoard(log_dir=str(runs.this_run().tensorboard), profile_batch=0) if rank == 0 else None,
     ]
     return progress, [c for c in callbacks if c is not None]
 

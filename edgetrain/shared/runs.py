@@ -11,6 +11,7 @@ import re
 import secrets
 import socket
 import stat
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -310,6 +311,17 @@ def find_dir(root: Path, run_id: str, markers: tuple[str, ...]) -> Path:
     if len(matches) > 1:
         raise EdgetrainError(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}", "give more of the id")
     raise EdgetrainError(f"no run {run_id!r} in {root}", "see the runs with: edgetrain runs list")
+
+
+def this_run() -> Run:
+    """The run a rank's process writes to: ``$EDGETRAIN_RUN_DIR``, which the worker sets; ./ for a
+    script run outside edgetrain."""
+    return Run(Path(os.environ.get("EDGETRAIN_RUN_DIR", ".")))
+
+
+def job_name() -> str:
+    """The job a rank trains: a built-in job's name (the worker sets it), else the script's."""
+    return os.environ.get("EDGETRAIN_JOB") or Path(sys.argv[0]).stem
 
 
 def all_runs(root: Path) -> list[Run]:

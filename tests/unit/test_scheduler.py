@@ -247,8 +247,7 @@ def test_the_watchers_question_to_slurm_keeps_within_the_dark_link_budget(slurm)
     s["nodes"], s["sleep"] = {"n2": "down*"}, {"sinfo": 10}
     slurm.save(s)
     runtime = SimpleNamespace(plan=SimpleNamespace(hosts=[SimpleNamespace(name="n2")]))
-    watcher = observers.Watcher(runtime, "r1", lambda event: None)
-    watcher.held = SimpleNamespace(job_id="4242")
+    watcher = observers.Watcher(runtime, "r1", lambda event: None, held=SimpleNamespace(job_id="4242"))
     started = time.monotonic()
     assert watcher._taken() == {}
     assert time.monotonic() - started < observers.SLURM_LOOK_S + 2
